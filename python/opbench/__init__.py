@@ -1,0 +1,17 @@
+"""OpBench: per-operator and co-run profiling of DNN models on Apache TVM.
+
+The packages follow the data flow of the tool:
+
+* :mod:`opbench.models`   model sources -> :class:`~opbench.models.Workload`
+* :mod:`opbench.ir`       the ``ExtractOperators`` Relax pass and the :class:`~opbench.ir.OpGraph`
+* :mod:`opbench.runtime`  compiled per-operator kernels and the Relax VM
+* :mod:`opbench.profile`  timing and the collection job
+* :mod:`opbench.dataset`  the SQLite record store
+* :mod:`opbench.cli`      the ``opbench`` command
+"""
+
+__version__ = "0.1.0"
+
+from .errors import OpBenchError  # noqa: E402
+
+__all__ = ["OpBenchError", "__version__"]

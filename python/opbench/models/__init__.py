@@ -1,0 +1,75 @@
+"""Model sources: each turns a model name into a :class:`Workload` (Relax IRModule + inputs).
+
+Sources are plug-ins registered by name (``local``, ``simple``, ``remoteonnx``, ``transformers``);
+:func:`load_workload` accepts a source name or a :class:`ModelSource` object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import OpBenchError
+from ..utils import join_names
+from .base import InputSpec, ModelSource, Workload, check_batch_size
+
+_SOURCES: dict[str, ModelSource] = {}
+
+
+def register_source(source: ModelSource) -> ModelSource:
+    """Register a model source under its name and aliases."""
+    for key in (source.name, *source.aliases):
+        _SOURCES[key] = source
+    return source
+
+
+def get_source(source: str | ModelSource) -> ModelSource:
+    """Look a source up by name (or pass a :class:`ModelSource` through)."""
+    if isinstance(source, ModelSource):
+        return source
+    _register_builtin()
+    try:
+        return _SOURCES[str(source)]
+    except KeyError:
+        names = {s.name for s in _SOURCES.values()}
+        raise OpBenchError(
+            f"unknown model source '{source}' (accepted: {join_names(names)})"
+        ) from None
+
+
+def list_sources() -> dict[str, list[str]]:
+    """Every source with its model names."""
+    _register_builtin()
+    return {s.name: s.models() for s in {id(s): s for s in _SOURCES.values()}.values()}
+
+
+def load_workload(
+    source: str | ModelSource, name: str, batch_size: Any = 1, **options: Any
+) -> Workload:
+    """Load ``name`` from ``source`` at ``batch_size``; options go to the source's ``load``."""
+    src = get_source(source)
+    if not name:
+        raise OpBenchError(f"no model name given for source '{src.name}'")
+    return src.load(name, check_batch_size(batch_size), **options)
+
+
+def _register_builtin() -> None:
+    if _SOURCES:
+        return
+    from .hf import TransformersSource
+    from .local import LocalSource
+    from .remoteonnx import OnnxSource
+    from .simple import SimpleSource
+
+    for src in (LocalSource(), SimpleSource(), OnnxSource(), TransformersSource()):
+        register_source(src)
+
+
+__all__ = [
+    "InputSpec",
+    "ModelSource",
+    "Workload",
+    "get_source",
+    "list_sources",
+    "load_workload",
+    "register_source",
+]

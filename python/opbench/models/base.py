@@ -1,0 +1,95 @@
+"""The model-source plug-in interface and the :class:`Workload` it produces."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+from ..utils import join_names
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One input of a workload: its name, static shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def random(self, rng: np.random.Generator) -> np.ndarray:
+        """Random data for this input (token ids for integer inputs)."""
+        if self.dtype.startswith("int"):
+            return rng.integers(0, 100, size=self.shape).astype(self.dtype)
+        return rng.standard_normal(self.shape).astype(self.dtype)
+
+
+@dataclasses.dataclass
+class Workload:
+    """A model lowered to Relax, ready for operator extraction.
+
+    Attributes
+    ----------
+    name, source:
+        The model name and the source that produced it (``local``, ``simple``, ...).
+    mod:
+        A Relax ``IRModule`` whose ``main`` takes the inputs; weights are embedded as constants.
+    inputs:
+        The input specs, in the order ``main`` takes them.
+    batch_size:
+        The batch size the module was built for.
+    provenance:
+        Free-form facts about where the model came from (file checksum, config, seed...).
+    torch_module:
+        The PyTorch module, when the source built one (reference outputs, torch backend).
+    """
+
+    name: str
+    source: str
+    mod: Any
+    inputs: list[InputSpec]
+    batch_size: int = 1
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    torch_module: Any = None
+
+    def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Seeded random inputs matching :attr:`inputs`."""
+        rng = np.random.default_rng(seed)
+        return [spec.random(rng) for spec in self.inputs]
+
+
+class ModelSource:
+    """Base class of a model source: a named family of models that can be loaded as Workloads.
+
+    Subclasses set :attr:`name` and implement :meth:`models` and :meth:`load`.
+    """
+
+    name: str = ""
+    aliases: tuple[str, ...] = ()
+
+    def models(self) -> list[str]:
+        """The model names this source accepts (for error messages and ``opbench models``)."""
+        raise NotImplementedError
+
+    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
+        """Build the workload for ``name``."""
+        raise NotImplementedError
+
+    def unknown(self, name: str) -> OpBenchError:
+        """The error for an unknown model name."""
+        return OpBenchError(
+            f"unknown model '{name}' for source '{self.name}' (accepted: {join_names(self.models())})"
+        )
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """Validate a batch size: a positive integer."""
+    try:
+        value = int(batch_size)
+    except (TypeError, ValueError):
+        raise OpBenchError(f"bad batch size '{batch_size}' (accepted: a positive integer)") from None
+    if value < 1 or str(batch_size).strip() not in (str(value), f"+{value}"):
+        raise OpBenchError(f"bad batch size '{batch_size}' (accepted: a positive integer)")
+    return value

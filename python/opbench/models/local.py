@@ -1,0 +1,113 @@
+"""The ``local`` zoo: torchvision CNNs and multi-branch networks with seeded random weights.
+
+Nothing is downloaded. Batch-norm statistics are re-estimated on one random batch so that the
+outputs depend on the input (see :func:`~opbench.models._torch.calibrate_batchnorm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .base import InputSpec, ModelSource, Workload
+
+
+def _tv(name: str, **kwargs: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, **kwargs)
+
+    return build
+
+
+def _nasnet() -> Any:
+    from ._nets import build_nasnet
+
+    return build_nasnet()
+
+
+def _randwire() -> Any:
+    from ._nets import build_randwire
+
+    return build_randwire()
+
+
+# canonical name -> (builder, default image size)
+_ZOO: dict[str, tuple[Callable[[], Any], int]] = {
+    "resnet-18": (_tv("resnet18"), 224),
+    "resnet-34": (_tv("resnet34"), 224),
+    "resnet-50": (_tv("resnet50"), 224),
+    "mobilenet": (_tv("mobilenet_v2"), 224),
+    "squeezenet_v1.0": (_tv("squeezenet1_0"), 224),
+    "squeezenet_v1.1": (_tv("squeezenet1_1"), 224),
+    "inception_v3": (_tv("inception_v3", aux_logits=False, init_weights=True), 299),
+    "googlenet": (_tv("googlenet", aux_logits=False, init_weights=True), 224),
+    "vgg-16": (_tv("vgg16"), 224),
+    "densenet-121": (_tv("densenet121"), 224),
+    "nasnet": (_nasnet, 224),
+    "randwire": (_randwire, 224),
+}
+
+_ALIASES = {
+    "resnet18": "resnet-18",
+    "resnet34": "resnet-34",
+    "resnet50": "resnet-50",
+    "mobilenet_v2": "mobilenet",
+    "mobilenetv2": "mobilenet",
+    "squeezenet": "squeezenet_v1.0",
+    "squeezenet1_0": "squeezenet_v1.0",
+    "squeezenet1_1": "squeezenet_v1.1",
+    "inception-v3": "inception_v3",
+    "inceptionv3": "inception_v3",
+    "vgg16": "vgg-16",
+    "densenet121": "densenet-121",
+}
+
+
+class LocalSource(ModelSource):
+    """Built-in model zoo (OpBench's ``--modelsource local``).
+
+    Options
+    -------
+    image_size : int
+        Override the input resolution (default 224, 299 for inception_v3).
+    seed : int
+        Seed of the random weights (default 0).
+    """
+
+    name = "local"
+
+    def models(self) -> list[str]:
+        return sorted(_ZOO)
+
+    def canonical(self, name: str) -> str:
+        key = name.strip().lower()
+        key = _ALIASES.get(key, key)
+        if key not in _ZOO:
+            raise self.unknown(name)
+        return key
+
+    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
+        from ._torch import calibrate_batchnorm, export_to_relax, import_torch
+
+        torch = import_torch()
+        key = self.canonical(name)
+        builder, default_size = _ZOO[key]
+        size = int(options.get("image_size") or default_size)
+        seed = int(options.get("seed") or 0)
+        torch.manual_seed(seed)
+        module = builder()
+        shape = (batch_size, 3, size, size)
+        calibrate_batchnorm(module, shape, seed)
+        example = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        mod = export_to_relax(module, (example,))
+        return Workload(
+            name=key,
+            source=self.name,
+            mod=mod,
+            inputs=[InputSpec("x", shape, "float32")],
+            batch_size=batch_size,
+            provenance={"builder": key, "image_size": size, "seed": seed, "weights": "random"},
+            torch_module=module,
+        )

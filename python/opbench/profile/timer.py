@@ -1,0 +1,87 @@
+"""Timing with warm-up, repeats, medians and spread."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+@dataclasses.dataclass
+class TimingConfig:
+    """How to time one kernel.
+
+    Attributes
+    ----------
+    warmup:
+        Untimed calls before measuring.
+    repeat:
+        Timed samples; the median is reported.
+    number:
+        Calls per sample (at least; grown until a sample lasts ``min_repeat_ms``).
+    min_repeat_ms:
+        Minimum duration of one sample.
+    flush_l2:
+        Flush caches before every sample (CPU: TVM's cache flush of all but the first argument;
+        GPU: a write of twice the L2 size), the same for every variant compared.
+    """
+
+    warmup: int = 1
+    repeat: int = 10
+    number: int = 1
+    min_repeat_ms: float = 5.0
+    flush_l2: bool = False
+
+
+@dataclasses.dataclass
+class Timing:
+    """Samples in seconds (each the mean of ``number`` calls) and their statistics."""
+
+    samples: list[float]
+    number: int = 1
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def std(self) -> float:
+        return statistics.pstdev(self.samples) if len(self.samples) > 1 else 0.0
+
+    def columns(self) -> dict[str, Any]:
+        """Dataset columns for this timing."""
+        return {
+            "latency_median_s": self.median,
+            "latency_mean_s": self.mean,
+            "latency_std_s": self.std,
+            "latency_min_s": min(self.samples),
+            "latency_max_s": max(self.samples),
+            "repeats": len(self.samples),
+            "number": self.number,
+        }
+
+
+def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],
+                   config: TimingConfig) -> Timing:
+    """Time function ``name`` of a TVM module or Relax VM with TVM's ``time_evaluator``.
+
+    ``config.warmup`` untimed calls come first (``time_evaluator`` adds one more of its own).
+    """
+    func = module.get_function(name, query_imports=True) if hasattr(module, "get_function") \
+        else module[name]
+    for _ in range(config.warmup):
+        func(*args)
+    device.sync()
+    evaluator = module.time_evaluator(
+        name, device, number=config.number, repeat=config.repeat,
+        min_repeat_ms=int(round(config.min_repeat_ms)),
+        f_preproc="cache_flush_cpu_non_first_arg" if config.flush_l2 and device.dlpack_device_type() == 1
+        else "",
+    )
+    result = evaluator(*args)
+    return Timing([float(s) for s in result.results], config.number)

@@ -1,0 +1,68 @@
+"""Compile a lowered module once: the Relax VM and every per-operator kernel share the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .target import device_for, is_gpu
+
+
+def schedule_passes(target: Any) -> list[Any]:
+    """Default schedules applied to the fused PrimFuncs: dlight on GPUs, none on CPUs."""
+    if not is_gpu(target):
+        return []
+    from tvm.s_tir import dlight as dl
+
+    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+
+
+def _finalize_pipeline(target: Any) -> Any:
+    backend = relax.backend.cuda.pipeline if is_gpu(target) else relax.backend.cpu_generic.pipeline
+
+    @tvm.transform.module_pass(opt_level=0, name="opbench.Finalize")
+    def finalize(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        with target:
+            passes = backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+            return tvm.transform.Sequential(passes)(mod)
+
+    return finalize
+
+
+@dataclasses.dataclass
+class BuiltModule:
+    """A compiled model: the VM executable and the library holding every fused kernel."""
+
+    executable: Any
+    target: Any
+    device: Any
+    compile_seconds: float
+
+    @property
+    def library(self) -> Any:
+        """The module whose functions are the fused kernels (by PrimFunc name)."""
+        return self.executable.mod.imports[0]
+
+    def kernel(self, name: str) -> Any:
+        """The compiled kernel of PrimFunc ``name`` (destination-passing style)."""
+        return self.executable.mod.get_function(name, query_imports=True)
+
+    def vm(self) -> Any:
+        """A Relax VM over the executable."""
+        return relax.VirtualMachine(self.executable, self.device)
+
+
+def build_module(lowered: tvm.IRModule, target: Any) -> BuiltModule:
+    """Schedule (GPU) and compile a module lowered by ``ExtractOperators``."""
+    start = time.perf_counter()
+    passes = schedule_passes(target)
+    if passes:
+        with target:
+            lowered = tvm.transform.Sequential(passes)(lowered)
+    executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
+    return BuiltModule(executable, target, device_for(target), time.perf_counter() - start)

@@ -1,0 +1,71 @@
+"""Target names -> TVM targets and devices, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import OpBenchError
+
+TARGETS = ("llvm", "cuda")
+
+
+def resolve_target(target: Any) -> Any:
+    """Turn ``llvm``, ``cuda`` or a JSON target dict into a ``tvm.target.Target``.
+
+    ``llvm`` compiles for the host CPU (LLVM's name for it, e.g. ``znver4``). ``cuda`` needs a visible NVIDIA GPU;
+    its architecture is read from the device (``sm_90`` on H100/H200).
+    """
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, dict):
+        config = dict(target)
+    else:
+        text = str(target).strip()
+        if text.startswith("{"):
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise OpBenchError(f"bad target JSON '{text}': {err}") from None
+        elif text.lower() in TARGETS:
+            config = {"kind": text.lower()}
+        else:
+            raise OpBenchError(
+                f"unknown target '{text}' (accepted: {', '.join(TARGETS)}, or a JSON target dict)"
+            )
+    kind = config.get("kind")
+    if kind == "llvm":
+        from tvm.target.codegen import llvm_get_system_cpu
+
+        config.setdefault("mcpu", llvm_get_system_cpu())
+    elif kind == "cuda":
+        dev = tvm.cuda(0)
+        if not dev.exist:
+            raise OpBenchError("target 'cuda' needs an NVIDIA GPU, but no CUDA device is visible "
+                               "(use --target llvm on this machine)")
+        config.setdefault("arch", "sm_" + dev.compute_version.replace(".", ""))
+    elif kind not in TARGETS:
+        raise OpBenchError(f"unknown target kind '{kind}' (accepted: {', '.join(TARGETS)})")
+    try:
+        return tvm.target.Target(config)
+    except Exception as err:
+        raise OpBenchError(f"bad target {json.dumps(config)}: {str(err).splitlines()[0]}") from None
+
+
+def is_gpu(target: Any) -> bool:
+    """True for CUDA targets."""
+    return target.kind.name == "cuda"
+
+
+def device_for(target: Any) -> Any:
+    """The TVM device a target runs on."""
+    import tvm
+
+    return tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+
+
+def target_key(target: Any) -> str:
+    """Short name of a target for the dataset (``llvm`` or ``cuda``)."""
+    return str(target.kind.name)

@@ -1,0 +1,38 @@
+"""Small helpers shared by several packages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def parse_bool(text: str | bool) -> bool:
+    """Parse a command-line boolean: true/false, 1/0, yes/no, on/off (any case).
+
+    Unlike ``argparse``'s ``type=bool`` (which OpBench used), ``"false"`` is false.
+    """
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes", "y", "on"):
+        return True
+    if value in ("false", "0", "no", "n", "off"):
+        return False
+    raise ValueError(f"'{text}' is not a boolean (accepted: true/false, 1/0, yes/no, on/off)")
+
+
+def parse_kv_options(text: str) -> dict[str, str]:
+    """Parse ``key=value,key=value`` into a dict (used by ``branchy:branches=4,depth=3``)."""
+    options: dict[str, str] = {}
+    if not text:
+        return options
+    for item in text.split(","):
+        if "=" not in item:
+            raise ValueError(f"option '{item}' is not of the form key=value")
+        key, value = item.split("=", 1)
+        options[key.strip()] = value.strip()
+    return options
+
+
+def join_names(names: Iterable[str]) -> str:
+    """Join names for an error message: ``a, b, c``."""
+    return ", ".join(sorted(names))

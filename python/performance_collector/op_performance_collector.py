@@ -1,0 +1,17 @@
+"""OpBench-compatible entry point.
+
+    python python/performance_collector/op_performance_collector.py --modelsource local \\
+        --modelname resnet-18 --target llvm [--batchsize 1] [--iftune false] [--tuner xgb] [--trials 64]
+
+Every flag of ``opbench collect`` is accepted too (``--help`` lists them).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from opbench.cli.main import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["collect", *sys.argv[1:]]))

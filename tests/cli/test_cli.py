@@ -1,0 +1,199 @@
+"""The command line, run as a user would: the OpBench-compatible script in a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import has_gpu
+from helpers import tiny_onnx_bytes
+from opbench.cli.main import format_table
+from opbench.utils import parse_bool
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "python" / "performance_collector" / "op_performance_collector.py"
+FAST = ["--repeat", "2", "--min-repeat-ms", "1", "--quiet"]
+SMALL = "branchy:branches=2,depth=2,channels=4,size=6"
+
+
+def run(*args: str, script: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    cmd = [sys.executable, str(SCRIPT), *args] if script else \
+        [sys.executable, "-m", "opbench.cli.main", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def count_rows(path: Path, table: str = "operators") -> int:
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds") / "d.sqlite"
+    proc = run("--modelsource", "simple", "--modelname", SMALL, "--target", "llvm",
+               "--dataset", str(path), *FAST)
+    assert proc.returncode == 0, proc.stderr
+    return path, proc
+
+
+def test_collect_writes_one_row_per_operator(populated):
+    path, proc = populated
+    assert count_rows(path) == 1 + 2 * 2 + 2
+    assert count_rows(path, "models") == 1
+    assert "7 operators" in proc.stdout and "measured 7, skipped 0" in proc.stdout
+    conn = sqlite3.connect(path)
+    row = conn.execute("SELECT kind, latency_median_s, flops, cpu_model, tvm_version, status "
+                       "FROM operators WHERE op_index=0").fetchone()
+    assert row[0] == "conv2d" and row[1] > 0 and row[2] > 0 and row[3] and row[4] and row[5] == "ok"
+    vm, err = conn.execute("SELECT vm_latency_median_s, replay_rel_error FROM models").fetchone()
+    assert vm > 0 and err < 1e-5
+
+
+def test_rerun_skips_and_force_remeasures(populated, tmp_path):
+    path, _ = populated
+    again = run("--modelsource", "simple", "--modelname", SMALL, "--dataset", str(path), *FAST)
+    assert again.returncode == 0 and "measured 0, skipped 7" in again.stdout
+    forced = run("--modelsource", "simple", "--modelname", SMALL, "--dataset", str(path),
+                 "--force", *FAST)
+    assert forced.returncode == 0 and "measured 7, skipped 0" in forced.stdout
+    assert count_rows(path) == 7
+
+
+def test_table_and_summary_printed(tmp_path):
+    proc = run("--modelsource", "simple", "--modelname", "matmul:n=64", "--dataset",
+               str(tmp_path / "d.sqlite"), "--repeat", "2", "--min-repeat-ms", "1",
+               "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["#", "operator", "kind"]
+    assert lines[2].split()[1:5] == ["matmul", "matmul", "1x64x64", "64x64"]
+    assert "1 operators, 1 unique tasks" in lines[-1] and "Relax VM" in lines[-1]
+    import json
+
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["operators"] == 1 and summary["measured"] == 1
+
+
+BAD_INPUTS = [
+    (["--modelsource", "nowhere", "--modelname", "x"], "unknown model source 'nowhere'"),
+    (["--modelsource", "local", "--modelname", "resnet-99"], "unknown model 'resnet-99'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--batchsize", "0"], "bad batch size '0'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--batchsize", "two"], "bad batch size 'two'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--target", "metal"], "unknown target 'metal'"),
+    (["--modelsource", "remoteonnx", "--modelname", "/nonexistent/m.onnx"], "ONNX file not found"),
+    (["--modelsource", "remoteonnx", "--modelname", "http://127.0.0.1:9/m.onnx"], "download failed"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "true"], "--iftune true: schedule tuning"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--ifcompare", "yes"], "--ifcompare true"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "maybe"], "'maybe' is not a boolean"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--tuner", "magic"], "unknown tuner 'magic'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--trials", "-3"], "'-3' is not a positive integer"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_one_line_exit_2(args, message, populated, tmp_path):
+    path, _ = populated
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    proc = run(*args, "--dataset", str(path), "--cache-dir", str(tmp_path))
+    assert proc.returncode == 2
+    err_lines = [x for x in proc.stderr.splitlines() if x.startswith("opbench: error:")]
+    assert len(err_lines) == 1 and message in err_lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # dataset untouched
+
+
+def test_invalid_onnx_file(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage")
+    proc = run("--modelsource", "remoteonnx", "--modelname", str(bad), "--dataset", str(tmp_path / "d.sqlite"))
+    assert proc.returncode == 2 and "invalid ONNX file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_onnx_collect(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(tiny_onnx_bytes())
+    proc = run("--modelsource", "remoteonnx", "--modelname", str(path), "--batchsize", "2",
+               "--dataset", str(tmp_path / "d.sqlite"), *FAST)
+    assert proc.returncode == 0, proc.stderr
+    assert count_rows(tmp_path / "d.sqlite") >= 1
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+def test_cuda_without_gpu(tmp_path):
+    proc = run("--modelsource", "simple", "--modelname", "matmul", "--target", "cuda",
+               "--dataset", str(tmp_path / "d.sqlite"))
+    assert proc.returncode == 2
+    assert "target 'cuda' needs an NVIDIA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = run("--debug", "--modelsource", "nowhere", "--modelname", "x", script=False)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_false_really_is_false(tmp_path):
+    proc = run("--modelsource", "simple", "--modelname", "matmul:n=32", "--iftune", "false",
+               "--ifcompare", "0", "--dataset", str(tmp_path / "d.sqlite"), *FAST)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("False", False), ("1", True), ("0", False),
+                                         ("yes", True), ("NO", False)])
+def test_parse_bool(text, value):
+    assert parse_bool(text) is value
+
+
+def test_resume_after_kill(tmp_path):
+    path = tmp_path / "d.sqlite"
+    model = "branchy:branches=3,depth=2,channels=8,size=8"
+    total = 1 + 3 * 2 + 2
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    slow = ["--repeat", "40", "--min-repeat-ms", "25", "--quiet"]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--modelsource", "simple", "--modelname",
+                             model, "--dataset", str(path), *slow], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and count_rows(path) < 1:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = count_rows(path)
+    assert 1 <= kept < total
+    resumed = run("--modelsource", "simple", "--modelname", model, "--dataset", str(path), *FAST)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"measured {total - kept}, skipped {kept}" in resumed.stdout
+    assert count_rows(path) == total
+
+
+def test_export_and_models_commands(populated, tmp_path):
+    path, _ = populated
+    out = tmp_path / "ops.csv"
+    proc = run("export", "--dataset", str(path), "--format", "csv", "--out", str(out), script=False)
+    assert proc.returncode == 0, proc.stderr
+    assert len(out.read_text().strip().splitlines()) == 1 + 7
+    bad = run("export", "--dataset", str(path), "--format", "xls", "--out", str(out), script=False)
+    assert bad.returncode == 2 and "unknown export format 'xls'" in bad.stderr
+    models = run("models", script=False)
+    assert models.returncode == 0 and "local:" in models.stdout and "resnet-18" in models.stdout
+
+
+def test_format_table_handles_failed_rows():
+    rows = [{"op_index": 0, "func": "f", "kind": "conv2d", "input_shapes": [[1, 2]],
+             "output_shapes": [[1, 2]], "flops": 1e6, "bytes": 1e6, "latency_median_s": None,
+             "latency_min_s": None, "latency_max_s": None, "gflops": None, "status": "failed"}]
+    text = format_table(rows)
+    assert "failed" in text and text.splitlines()[2].split()[0] == "0"

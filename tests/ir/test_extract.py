@@ -1,0 +1,97 @@
+"""The ExtractOperators pass: inside a user pipeline, graph structure, features, tasks."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import relax
+
+from opbench import OpBenchError
+from opbench.ir import ExtractOperators, extract_operators
+from opbench.models import load_workload
+
+
+def test_pass_inside_user_pipeline():
+    w = load_workload("simple", "ios_block", 1)
+    extract = ExtractOperators()
+    seen = {}
+
+    @tvm.transform.module_pass(opt_level=0, name="UserPass")
+    def user_pass(mod, _ctx):
+        seen["bindings"] = len(mod["main"].body.blocks[0].bindings)
+        return mod
+
+    assert isinstance(extract, tvm.transform.Pass)
+    lowered = tvm.transform.Sequential([extract, user_pass, relax.transform.DeadCodeElimination()])(w.mod)
+    graph = extract.graph
+    assert graph is not None and len(graph) == 5
+    assert seen["bindings"] == 5
+    # every binding of the lowered main is a call_tir
+    for binding in lowered["main"].body.blocks[0].bindings:
+        assert binding.value.op == tvm.ir.Op.get("relax.call_tir")
+
+
+def test_ios_block_graph():
+    _, graph = extract_operators(load_workload("simple", "ios_block:channels=8,size=10", 1).mod)
+    kinds = [n.kind for n in graph]
+    assert kinds.count("conv2d") == 4 and kinds[-1] == "concat"
+    concat = graph[len(graph) - 1]
+    assert len(graph.preds(concat.index)) == 3
+    convs = [n for n in graph if n.kind == "conv2d"]
+    assert all(n.attrs["padding"] == [1, 1, 1, 1] and n.attrs["groups"] == 1 for n in convs)
+    assert all(n.ops == ["nn.conv2d", "nn.relu"] for n in convs)
+    # three convs read the input, one reads another conv
+    from_input = [n for n in convs if any(a.kind == "input" for a in n.args)]
+    assert len(from_input) == 3
+    # 3x3 conv 8->8 on 10x10: 2*8*8*9*100 multiply-adds plus relu
+    assert convs[0].flops >= 2 * 8 * 8 * 9 * 100
+    assert convs[0].bytes == 4 * (8 * 100 + 8 * 8 * 9 + 8 * 100)
+    assert concat.output_shapes == [(1, 24, 10, 10)]
+    # the four convolutions have identical shapes: one kernel (task) used four times
+    tasks = graph.tasks()
+    assert sorted(t.count for t in tasks.values()) == [1, 4]
+    assert {n.task for n in convs} == {next(t for t in tasks.values() if t.count == 4).task}
+
+
+def test_matmul_flops_and_edges():
+    _, graph = extract_operators(load_workload("simple", "matmul_matmul_add:n=64", 1).mod)
+    assert len(graph) == 2
+    mm = graph[0]
+    assert mm.kind == "matmul" and mm.flops == 2 * 64**3
+    assert graph.edges == [(0, 1)]
+    assert graph[1].ops == ["matmul", "add"]
+
+
+def test_branchy_parallel_branches():
+    _, graph = extract_operators(
+        load_workload("simple", "branchy:branches=4,depth=3,channels=8,size=8", 1).mod)
+    assert len(graph) == 1 + 4 * 3 + 2  # stem, chains, concat, 1x1 conv
+    stem = graph[0]
+    assert len(graph.succs(stem.index)) == 4
+    # antichain: the first conv of each branch depends on the stem only
+    firsts = graph.succs(stem.index)
+    assert all(graph.preds(f) == [stem.index] for f in firsts)
+
+
+def test_torch_model_ops_and_attrs():
+    w = load_workload("local", "resnet-18", 1, image_size=32)
+    _, graph = extract_operators(w.mod)
+    first = graph[0]
+    assert first.kind == "conv2d" and first.attrs["strides"] == [2, 2]
+    assert first.ops[0] == "nn.conv2d" and "nn.relu" in first.ops  # conv + bn + relu fused
+    assert graph[1].kind == "pool"
+    assert graph[len(graph) - 1].kind == "matmul"
+    assert len(graph.tasks()) < len(graph)
+
+
+def test_already_lowered_module_is_walked():
+    lowered, graph = extract_operators(load_workload("simple", "ios_block", 1).mod)
+    again, graph2 = extract_operators(lowered)
+    assert len(graph2) == len(graph)
+    assert [n.func for n in graph2] == [n.func for n in graph]
+
+
+def test_module_without_main():
+    mod = tvm.IRModule()
+    with pytest.raises(OpBenchError, match="no 'main' function"):
+        extract_operators(mod)
