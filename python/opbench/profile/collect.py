@@ -10,9 +10,10 @@ import time
 from typing import Any
 
 from ..dataset import Dataset, model_key, now
+from ..errors import OpBenchError
 from ..ir import OpGraph, extract_operators
 from ..models import Workload
-from ..runtime import OperatorKernels, build_module, flatten_outputs, is_gpu, relative_error, target_key
+from ..runtime import OperatorKernels, build_module, flatten_outputs, relative_error, target_key
 from .env import environment_tags
 from .timer import Timing, TimingConfig, time_evaluator
 
@@ -101,9 +102,14 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         built = build_module(lowered, target)
         log.info("compiled in %.1f s", built.compile_seconds)
         kernels = OperatorKernels(graph, built)
-        host_inputs = workload.example_inputs(options.seed)
-        inputs = kernels.to_device(host_inputs)
-        outputs, values = kernels.replay(inputs)
+        try:
+            inputs = kernels.to_device(workload.example_inputs(options.seed))
+            outputs, values = kernels.replay(inputs)
+        except Exception as err:
+            if "out of memory" in str(err).lower():
+                raise OpBenchError(f"out of device memory running {workload.name} at batch size "
+                                   f"{workload.batch_size}; try a smaller --batchsize") from None
+            raise
         vm = built.vm()
         error = None
         if options.check:
@@ -145,6 +151,10 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             dataset.put("operators", row)
         measure_s = time.perf_counter() - start
         rows = dataset.rows("operators", key)
+        corun_summary = {}
+        if profiler is not None and getattr(profiler, "corun_limit", 0):
+            corun_summary = _collect_coruns(graph, kernels, inputs, values, profiler, dataset, options,
+                                            key, {**tags, "run_id": run_id})
         vm_timing = None
         if options.measure_vm:
             vm_timing = time_evaluator(vm, "main", built.device, inputs, options.timing)
@@ -160,7 +170,8 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             "measured_at": now(),
         }
         dataset.put("models", model_row)
-        extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values}
+        extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values,
+                                 "summary": corun_summary}
         status = "ok"
         return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
                              built.compile_seconds, measure_s, str(dataset.path), extra)
@@ -171,4 +182,33 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         dataset.finish_run(run_id, status)
 
 
-__all__ = ["CollectOptions", "CollectResult", "collect", "is_gpu"]
+def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, values: Any, profiler: Any,
+                    dataset: Dataset, options: CollectOptions, key: dict[str, Any],
+                    base: dict[str, Any]) -> dict[str, Any]:
+    """Measure co-run groups from the model's antichains and write one row per group."""
+    from .antichain import corun_groups
+
+    groups = corun_groups(graph, profiler.corun_k, profiler.corun_limit)
+    start = time.perf_counter()
+    measured = skipped = failed = 0
+    for group in _progress(groups, options.progress, "co-run", len(groups)):
+        gkey = "-".join(str(i) for i in group)
+        if not options.force and dataset.has("corun", {**key, "group_key": gkey}):
+            skipped += 1
+            continue
+        row = {**key, **base, "group_key": gkey, "group_size": len(group), "op_indices": list(group),
+               "kinds": [graph[i].kind for i in group],
+               "features": [{k: v for k, v in graph[i].to_dict().items() if k not in ("args",)} for i in group],
+               "measured_at": now()}
+        try:
+            row.update(profiler.corun(kernels, group, inputs, values, options.timing))
+            measured += 1
+        except Exception as err:  # a group that fails is recorded, the run goes on
+            row.update(status="failed", error=f"{type(err).__name__}: {str(err).strip()[:500]}")
+            failed += 1
+        dataset.put("corun", row)
+    return {"corun_groups": len(groups), "corun_measured": measured, "corun_skipped": skipped,
+            "corun_failed": failed, "corun_s": time.perf_counter() - start}
+
+
+__all__ = ["CollectOptions", "CollectResult", "collect"]

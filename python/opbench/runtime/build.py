@@ -42,6 +42,12 @@ class BuiltModule:
     target: Any
     device: Any
     compile_seconds: float
+    scheduled: Any = None
+
+    def device_source(self) -> str:
+        """The generated CUDA C source of every kernel (empty on CPU targets)."""
+        host = self.library
+        return host.imports[0].inspect_source("cuda") if host.imports else ""
 
     @property
     def library(self) -> Any:
@@ -65,4 +71,4 @@ def build_module(lowered: tvm.IRModule, target: Any) -> BuiltModule:
         with target:
             lowered = tvm.transform.Sequential(passes)(lowered)
     executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
-    return BuiltModule(executable, target, device_for(target), time.perf_counter() - start)
+    return BuiltModule(executable, target, device_for(target), time.perf_counter() - start, lowered)

@@ -1,0 +1,211 @@
+"""GPU profiling: CUDA-event timing of CUDA Graphs, L2 flush, kernel resources, co-runs.
+
+Every variant is timed the same way: the kernels are captured once in a CUDA Graph (TVM launches
+on PyTorch's stream through ``tvm_ffi.use_torch_stream``), then CUDA events bracket ``number``
+back-to-back replays, ``repeat`` times, and the median is kept. With ``flush_l2`` a write of twice
+the L2 size precedes every sample (and ``number`` is 1), on both sides of any comparison.
+
+A co-run group is captured twice: one after another on one stream, and forked onto one stream per
+operator (event record on the capture stream, every worker waits on it, the capture stream waits
+on an event from each worker). Speedup = sequential / concurrent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import OpBenchError
+from ..runtime.kernels import OperatorKernels
+from .timer import Timing, TimingConfig
+
+log = logging.getLogger("opbench")
+
+
+def _nvidia_smi(fields: str) -> list[str] | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return [x.strip() for x in out.strip().splitlines()[0].split(",")] if out.strip() else None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text is not None else None
+    except ValueError:
+        return None
+
+
+class CudaProfiler:
+    """Times operators and co-run groups on the GPU (see the module docstring for the method)."""
+
+    def __init__(self, corun_k: int = 4, corun_limit: int = 0) -> None:
+        try:
+            import torch
+            import tvm_ffi
+        except ImportError:
+            raise OpBenchError("--target cuda needs PyTorch with CUDA for timing: pip install torch") from None
+        if not torch.cuda.is_available():
+            raise OpBenchError("target 'cuda' needs an NVIDIA GPU, but PyTorch sees none")
+        self.torch = torch
+        self.tvm_ffi = tvm_ffi
+        self.corun_k = corun_k
+        self.corun_limit = corun_limit
+        self.props = torch.cuda.get_device_properties(0)
+        self.flush_buffer = torch.empty(2 * max(self.props.L2_cache_size, 1 << 20), dtype=torch.int8, device="cuda")
+        self.streams = [torch.cuda.Stream() for _ in range(max(corun_k, 1))]
+        self._solo: dict[int, Timing] = {}
+        self._outs: dict[int, list[Any]] = {}
+
+    # environment -------------------------------------------------------------------------
+    def tags(self) -> dict[str, Any]:
+        """GPU tags at the start of a run."""
+        smi = _nvidia_smi("driver_version,clocks.sm")
+        return {
+            "device": "cuda", "gpu_name": self.props.name, "gpu_sm_count": self.props.multi_processor_count,
+            "gpu_memory_mb": self.props.total_memory // (1 << 20),
+            "gpu_driver": smi[0] if smi else None, "cuda_runtime": self.torch.version.cuda,
+            "gpu_clock_start_mhz": _int(smi[1]) if smi else None,
+        }
+
+    def end_tags(self) -> dict[str, Any]:
+        """GPU tags at the end of a run (the SM clock)."""
+        smi = _nvidia_smi("clocks.sm")
+        return {"gpu_clock_end_mhz": _int(smi[0]) if smi else None}
+
+    # resources ---------------------------------------------------------------------------
+    def resources(self, kernels: OperatorKernels) -> dict[int, dict[str, Any]]:
+        """Kernel resources of every operator, by operator index (empty if unavailable)."""
+        from ..runtime.cuda import kernel_resources
+
+        built = kernels.built
+        funcs = sorted({n.func for n in kernels.graph})
+        try:
+            by_func = kernel_resources(built.device_source(), str(built.target.attrs["arch"]), built.scheduled,
+                                       funcs, self.props.multi_processor_count,
+                                       self.props.max_threads_per_multi_processor)
+        except Exception as err:  # resources are extra columns; timing goes on without them
+            log.warning("kernel resources unavailable: %s", str(err).splitlines()[0] if str(err) else err)
+            return {}
+        return {n.index: by_func.get(n.func, {}) for n in kernels.graph}
+
+    # timing ------------------------------------------------------------------------------
+    def capture(self, launch: Callable[[], None]) -> Any:
+        """Capture ``launch`` (TVM kernels on the current stream) in a CUDA Graph."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        with self.tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
+            launch()
+        return graph
+
+    def time_graph(self, graph: Any, config: TimingConfig) -> Timing:
+        """CUDA-event timing of graph replays (median over ``config.repeat`` samples)."""
+        torch = self.torch
+        for _ in range(max(1, config.warmup)):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        one = max(start.elapsed_time(end) / 1e3, 1e-7)
+        number = 1 if config.flush_l2 else max(config.number, min(200, math.ceil(config.min_repeat_ms / 1e3 / one)))
+        samples = []
+        for _ in range(config.repeat):
+            if config.flush_l2:
+                self.flush_buffer.zero_()
+            start.record()
+            for _ in range(number):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / number)
+        return Timing(samples, number)
+
+    def _prepare(self, kernels: OperatorKernels, index: int, inputs: Sequence[Any],
+                 values: dict[int, list[Any]]) -> tuple[list[Any], list[Any]]:
+        if index not in self._outs:
+            self._outs[index] = kernels.allocate_outputs(index)
+        args = [kernels.resolve(a, inputs, values) for a in kernels.graph[index].args]
+        return args, self._outs[index]
+
+    def time(self, kernels: OperatorKernels, index: int, args: Sequence[Any], outs: Sequence[Any],
+             config: TimingConfig) -> Timing:
+        """Time one operator (its kernels captured in a CUDA Graph)."""
+        kernels.call(index, args, outs)  # loads the kernel before capture
+        self.torch.cuda.synchronize()
+        graph = self.capture(lambda: kernels.call(index, args, outs))
+        return self.time_graph(graph, config)
+
+    # co-runs -----------------------------------------------------------------------------
+    def corun(self, kernels: OperatorKernels, group: Sequence[int], inputs: Sequence[Any],
+              values: dict[int, list[Any]], config: TimingConfig) -> dict[str, Any]:
+        """Measure one group sequentially (one stream) and concurrently (one stream each)."""
+        torch = self.torch
+        prepared = [self._prepare(kernels, i, inputs, values) for i in group]
+        for i, (args, outs) in zip(group, prepared, strict=True):
+            if i not in self._solo:
+                self._solo[i] = self.time(kernels, i, args, outs, config)
+
+        def sequential() -> None:
+            for i, (args, outs) in zip(group, prepared, strict=True):
+                kernels.call(i, args, outs)
+
+        op_events: list[tuple[Any, Any]] = []
+
+        def concurrent(timed: bool) -> Callable[[], None]:
+            def launch() -> None:
+                capture_stream = torch.cuda.current_stream()
+                fork = torch.cuda.Event()
+                fork.record(capture_stream)
+                joins = []
+                for stream, i, (args, outs) in zip(self.streams, group, prepared, strict=False):
+                    stream.wait_event(fork)
+                    with self.tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
+                        if timed:
+                            begin = torch.cuda.Event(enable_timing=True, external=True)
+                            finish = torch.cuda.Event(enable_timing=True, external=True)
+                            begin.record(stream)
+                            kernels.call(i, args, outs)
+                            finish.record(stream)
+                            op_events.append((begin, finish))
+                        else:
+                            kernels.call(i, args, outs)
+                    join = torch.cuda.Event()
+                    join.record(stream)
+                    joins.append(join)
+                for join in joins:
+                    capture_stream.wait_event(join)
+            return launch
+
+        seq = self.time_graph(self.capture(sequential), config)
+        conc = self.time_graph(self.capture(concurrent(False)), config)
+        slowdowns = None
+        try:  # per-operator time inside the concurrent run, from events captured in the graph
+            graph = self.capture(concurrent(True))
+            graph.replay()
+            torch.cuda.synchronize()
+            per_op = []
+            for _ in range(max(3, min(config.repeat, 10))):
+                graph.replay()
+                torch.cuda.synchronize()
+                per_op.append([b.elapsed_time(f) / 1e3 for b, f in op_events])
+            med = [sorted(col)[len(col) // 2] for col in zip(*per_op, strict=True)]
+            slowdowns = [m / self._solo[i].median if self._solo[i].median > 0 else None
+                         for m, i in zip(med, group, strict=True)]
+        except Exception as err:  # events in graphs need a recent driver and PyTorch
+            log.debug("per-operator co-run timing unavailable: %s", err)
+        return {
+            "group_size": len(group), "sequential_s": seq.median, "concurrent_s": conc.median,
+            "speedup": seq.median / conc.median if conc.median > 0 else None,
+            "solo_s": [self._solo[i].median for i in group], "slowdowns": slowdowns,
+            "repeats": config.repeat, "l2_flush": int(config.flush_l2), "status": "ok", "error": None,
+        }

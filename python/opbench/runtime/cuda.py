@@ -1,0 +1,174 @@
+"""CUDA wrappers: kernel resources from the driver API, launch extents from TIR, L2 size.
+
+Resources are read the way Opara's launch order needs them: for each kernel of an operator, its
+grid and block, registers per thread, static and dynamic shared memory, and the occupancy the
+driver computes for that block size (``cuOccupancyMaxActiveBlocksPerMultiprocessor``). The cubin
+is compiled from the same CUDA source TVM generated (``tvm.support.nvcc``), and loaded with
+``cuModuleLoadData`` through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from typing import Any
+
+_ATTR_MAX_THREADS, _ATTR_SHARED, _ATTR_LOCAL, _ATTR_REGS = 0, 1, 3, 4
+
+
+def _walk(node: Any, visit: Any, depth: int = 0) -> None:
+    """Pre-order walk over TIR statements (generic over statement kinds)."""
+    if node is None or depth > 200:
+        return
+    if visit(node) is False:
+        return
+    for field in ("body", "block", "init", "then_case", "else_case"):
+        child = getattr(node, field, None)
+        if child is not None and not isinstance(child, int | float | str):
+            _walk(child, visit, depth + 1)
+    seq = getattr(node, "seq", None)
+    if seq is not None:
+        for child in seq:
+            _walk(child, visit, depth + 1)
+
+
+def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
+    """Grid, block and dynamic shared memory of each kernel a scheduled PrimFunc launches.
+
+    Every outermost loop nest bound to ``blockIdx.*`` becomes one kernel, in program order (the
+    order of TVM's ``<func>_kernel``, ``<func>_kernel_1``, ... names).
+    """
+    from tvm.tirx.stmt import ForKind
+
+    kernels: list[dict[str, Any]] = []
+
+    def bytes_of(buf: Any) -> int:
+        n = 1
+        for d in buf.shape:
+            n *= int(d)
+        return n * max(1, buf.dtype.bits // 8 if hasattr(buf.dtype, "bits") else 4)
+
+    def in_kernel(kernel: dict[str, Any]) -> Any:
+        def visit(node: Any) -> None:
+            kind = getattr(node, "kind", None)
+            binding = getattr(node, "thread_binding", None)
+            if kind == ForKind.THREAD_BINDING and binding is not None:
+                tag = binding.thread_tag
+                if tag.startswith(("blockIdx", "threadIdx")):
+                    kernel[tag] = max(kernel.get(tag, 1), int(node.extent))
+            for buf in getattr(node, "alloc_buffers", []) or []:
+                if str(buf.scope()) == "shared.dyn":
+                    kernel["dynamic_smem"] += bytes_of(buf)
+        return visit
+
+    def visit(node: Any) -> bool:
+        binding = getattr(node, "thread_binding", None)
+        if binding is not None and binding.thread_tag.startswith("blockIdx"):
+            kernel: dict[str, Any] = {"dynamic_smem": 0}
+            _walk(node, in_kernel(kernel))
+            kernels.append(kernel)
+            return False
+        return True
+
+    _walk(prim_func.body, visit)
+    out = []
+    for k in kernels:
+        grid = [k.get(f"blockIdx.{a}", 1) for a in "xyz"]
+        block = [k.get(f"threadIdx.{a}", 1) for a in "xyz"]
+        out.append({"grid": grid, "block": block, "dynamic_smem": k["dynamic_smem"]})
+    return out
+
+
+def kernel_names(source: str) -> list[str]:
+    """Names of the ``__global__`` functions in a CUDA source, in order, without repeats."""
+    names: list[str] = []
+    for match in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', source):
+        if match.group(1) not in names:
+            names.append(match.group(1))
+    return names
+
+
+class CudaDriver:
+    """The few CUDA driver calls we need, through ctypes (a context must be current, e.g. torch's)."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self._check(self.lib.cuInit(0), "cuInit")
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with CUDA driver error {status}")
+
+    def load(self, image: bytes) -> ctypes.c_void_p:
+        module = ctypes.c_void_p()
+        self._check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "cuModuleLoadData")
+        return module
+
+    def function(self, module: ctypes.c_void_p, name: str) -> ctypes.c_void_p:
+        func = ctypes.c_void_p()
+        self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
+                    f"cuModuleGetFunction({name})")
+        return func
+
+    def attribute(self, func: ctypes.c_void_p, attr: int) -> int:
+        value = ctypes.c_int()
+        self._check(self.lib.cuFuncGetAttribute(ctypes.byref(value), attr, func), "cuFuncGetAttribute")
+        return value.value
+
+    def active_blocks(self, func: ctypes.c_void_p, threads: int, dynamic_smem: int) -> int:
+        value = ctypes.c_int()
+        self._check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(value), func, ctypes.c_int(threads), ctypes.c_size_t(dynamic_smem)),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return value.value
+
+
+def kernel_resources(source: str, arch: str, scheduled: Any, funcs: list[str], sm_count: int,
+                     max_threads_per_sm: int) -> dict[str, dict[str, Any]]:
+    """Resources of every kernel of each PrimFunc in ``funcs``, keyed by function name.
+
+    Each value holds ``kernels`` (a list of per-kernel dicts) and the figures of the kernel with
+    the most threads in flight, which stands for the operator in the dataset row.
+    """
+    from tvm.support.nvcc import compile_cuda
+
+    try:
+        cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc")
+    except Exception:  # NVRTC missing or without headers: the nvcc command line
+        cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvcc")
+    driver = CudaDriver()
+    module = driver.load(bytes(cubin))
+    names = kernel_names(source)
+    out: dict[str, dict[str, Any]] = {}
+    for func in funcs:
+        mine = sorted((n for n in names if re.fullmatch(rf"{re.escape(func)}_kernel(_\d+)?", n)),
+                      key=lambda n: int(n.rsplit("_", 1)[1]) if n[-1].isdigit() and "_kernel_" in n else 0)
+        extents = launch_extents(scheduled[func])
+        kernels = []
+        for i, name in enumerate(mine):
+            handle = driver.function(module, name)
+            ext = extents[i] if i < len(extents) else {"grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem": 0}
+            threads = ext["block"][0] * ext["block"][1] * ext["block"][2]
+            blocks = ext["grid"][0] * ext["grid"][1] * ext["grid"][2]
+            active = driver.active_blocks(handle, threads, ext["dynamic_smem"])
+            kernels.append({
+                "name": name, "grid": ext["grid"], "block": ext["block"], "threads": threads,
+                "blocks": blocks, "registers": driver.attribute(handle, _ATTR_REGS),
+                "static_smem": driver.attribute(handle, _ATTR_SHARED),
+                "local_bytes": driver.attribute(handle, _ATTR_LOCAL),
+                "dynamic_smem": ext["dynamic_smem"], "active_blocks_per_sm": active,
+                "occupancy": active * threads / max_threads_per_sm if max_threads_per_sm else None,
+                "sms_used": min(blocks, sm_count),
+            })
+        main = max(kernels, key=lambda k: k["blocks"] * k["threads"]) if kernels else None
+        out[func] = {
+            "num_kernels": len(kernels),
+            "grid": [k["grid"] for k in kernels], "block": [k["block"] for k in kernels],
+            "registers": main["registers"] if main else None,
+            "static_smem": main["static_smem"] if main else None,
+            "dynamic_smem": main["dynamic_smem"] if main else None,
+            "threads": main["threads"] if main else None,
+            "occupancy": main["occupancy"] if main else None,
+            "sms_used": main["sms_used"] if main else None,
+        }
+    return out

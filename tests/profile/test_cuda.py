@@ -1,0 +1,127 @@
+"""GPU tests (marked ``gpu``; skipped without a CUDA device). Run them on the device machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import replay_vs_vm
+from opbench.models import list_sources, load_workload
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = {"inception_v3": 96}
+
+
+@pytest.fixture(scope="module")
+def cuda_target():
+    from opbench.runtime import resolve_target
+
+    target = resolve_target("cuda")
+    assert str(target.attrs["arch"]).startswith("sm_")
+    return target
+
+
+@pytest.mark.parametrize("name", sorted(list_sources()["simple"]))
+def test_simple_replay_cuda(name, cuda_target):
+    model = f"{name}:n=256" if name.startswith("matmul") else name
+    err, _, _ = replay_vs_vm(load_workload("simple", model, 1), cuda_target)
+    assert err < 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(list_sources()["local"]))
+def test_local_replay_cuda(name, cuda_target):
+    w = load_workload("local", name, 1, image_size=SIZES.get(name, 64))
+    err, outs, _ = replay_vs_vm(w, cuda_target)
+    assert err < 1e-5 and outs[0].shape == (1, 1000)
+
+
+def _collected(cuda_target, model="ios_block", corun=0):
+    from opbench.dataset import Dataset
+    from opbench.profile import CollectOptions, TimingConfig, collect
+    from opbench.profile.cuda import CudaProfiler
+
+    ds = Dataset(":memory:")
+    profiler = CudaProfiler(corun_k=4, corun_limit=corun)
+    result = collect(load_workload("simple", model, 1), cuda_target, ds,
+                     CollectOptions(timing=TimingConfig(repeat=5, min_repeat_ms=1), progress=False),
+                     profiler=profiler)
+    return ds, result
+
+
+def test_resources_match_tir(cuda_target):
+    from opbench.runtime.cuda import launch_extents
+
+    ds, result = _collected(cuda_target)
+    rows = result.rows
+    conv = next(r for r in rows if r["kind"] == "conv2d")
+    extents = launch_extents(result.extra["built"].scheduled[conv["func"]])
+    assert json.loads(conv["grid"]) == [extents[0]["grid"]]
+    assert json.loads(conv["block"]) == [extents[0]["block"]]
+    assert conv["num_kernels"] == 1 and conv["threads"] == extents[0]["block"][0] * extents[0]["block"][1]
+    assert 0 < conv["registers"] <= 255
+    assert 0 < conv["occupancy"] <= 1.0
+    assert 1 <= conv["sms_used"] <= result.model_row["gpu_sm_count"]
+    assert all(r["gpu_name"] and r["cuda_runtime"] and r["status"] == "ok" for r in rows)
+
+
+def test_timing_is_plausible(cuda_target):
+    ds, result = _collected(cuda_target, "matmul")
+    (row,) = result.rows
+    # 1024^3 fp32 matmul: 2.1 GFLOP; no H100/H200 does that faster than ~70 TFLOP/s in fp32
+    assert row["flops"] == pytest.approx(2 * 1024**3)
+    assert 1e-6 < row["latency_median_s"] < 1.0
+    assert row["gflops"] < 70_000
+    assert row["latency_min_s"] <= row["latency_median_s"] <= row["latency_max_s"]
+
+
+def test_corun_rows(cuda_target):
+    ds, result = _collected(cuda_target, "branchy:branches=4,depth=2,channels=32,size=14", corun=10)
+    rows = ds.rows("corun")
+    assert 1 <= len(rows) <= 10
+    graph = result.graph
+    from opbench.profile.antichain import independent, reachability
+
+    reach = reachability(graph)
+    for r in rows:
+        ops = json.loads(r["op_indices"])
+        assert independent(reach, tuple(ops)) and r["group_size"] == len(ops)
+        assert r["sequential_s"] > 0 and r["concurrent_s"] > 0
+        assert r["speedup"] == pytest.approx(r["sequential_s"] / r["concurrent_s"])
+        assert len(json.loads(r["solo_s"])) == len(ops)
+
+
+def test_l2_flush_slows_memory_bound_op(cuda_target):
+    from opbench.profile import TimingConfig
+    from opbench.profile.cuda import CudaProfiler
+
+    ds, result = _collected(cuda_target, "branchy:branches=1,depth=1,channels=64,size=56")
+    kernels = result.extra["kernels"]
+    values, inputs = result.extra["values"], result.extra["inputs"]
+    prof = CudaProfiler()
+    idx = len(result.graph) - 1
+    args = [kernels.resolve(a, inputs, values) for a in result.graph[idx].args]
+    outs = kernels.allocate_outputs(idx)
+    warm = prof.time(kernels, idx, args, outs, TimingConfig(repeat=20, min_repeat_ms=1))
+    cold = prof.time(kernels, idx, args, outs, TimingConfig(repeat=20, flush_l2=True))
+    assert cold.number == 1
+    assert cold.median >= warm.median * 0.9  # flushed caches are never much faster
+
+
+def test_cli_collect_cuda(tmp_path):
+    db = tmp_path / "d.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.run([sys.executable, str(ROOT / "python/performance_collector/op_performance_collector.py"),
+                           "--modelsource", "simple", "--modelname", "ios_block", "--target", "cuda",
+                           "--dataset", str(db), "--corun", "--corun-limit", "5", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT COUNT(*) FROM operators WHERE target='cuda' AND registers > 0").fetchone()[0] == 5
+    assert conn.execute("SELECT COUNT(*) FROM corun").fetchone()[0] >= 1
