@@ -16,7 +16,9 @@ from opbench.models import list_sources, load_workload
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
-SIZES = {"inception_v3": 96}
+# vgg-16 keeps its own 224: at 64 its adaptive_avg_pool2d upsamples 2x2 -> 7x7, and TVM 0.27's CUDA kernel
+# for that segfaults on the H200 (a TVM bug; the same model at 224 replays exactly).
+SIZES = {"inception_v3": 96, "vgg-16": 224}
 
 
 @pytest.fixture(scope="module")
