@@ -14,4 +14,12 @@ __version__ = "0.1.0"
 
 from .errors import OpBenchError  # noqa: E402
 
-__all__ = ["OpBenchError", "__version__"]
+__all__ = ["OpBenchError", "__version__", "capturer", "optimize"]
+
+
+def __getattr__(name: str):  # lazy: importing opbench does not import TVM or torch
+    if name in ("capturer", "optimize"):
+        from . import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'opbench' has no attribute '{name}'")

@@ -27,7 +27,7 @@ SMALL = "branchy:branches=2,depth=2,channels=4,size=6"
 def run(*args: str, script: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     cmd = [sys.executable, str(SCRIPT), *args] if script else \
-        [sys.executable, "-m", "opbench.cli.main", *args]
+        [sys.executable, "-m", "opbench", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
@@ -97,7 +97,8 @@ BAD_INPUTS = [
     (["--modelsource", "remoteonnx", "--modelname", "/nonexistent/m.onnx"], "ONNX file not found"),
     (["--modelsource", "remoteonnx", "--modelname", "http://127.0.0.1:9/m.onnx"], "download failed"),
     (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "true"], "--iftune true: schedule tuning"),
-    (["--modelsource", "simple", "--modelname", "matmul", "--ifcompare", "yes"], "--ifcompare true"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--ifcompare", "yes", "--schedulers", "magic"],
+     "unknown scheduler 'magic'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "maybe"], "'maybe' is not a boolean"),
     (["--modelsource", "simple", "--modelname", "matmul", "--tuner", "magic"], "unknown tuner 'magic'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--trials", "-3"], "'-3' is not a positive integer"),
@@ -143,6 +144,33 @@ def test_cuda_without_gpu(tmp_path):
 def test_debug_shows_traceback(tmp_path):
     proc = run("--debug", "--modelsource", "nowhere", "--modelname", "x", script=False)
     assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_ifcompare_prints_the_table(tmp_path):
+    sched = tmp_path / "kept.json"
+    proc = run("--modelsource", "simple", "--modelname", SMALL, "--dataset", str(tmp_path / "d.sqlite"),
+               "--ifcompare", "true", "--compare-repeat", "2", "--compare-number", "2",
+               "--save-schedule", str(sched), "--json", str(tmp_path / "s.json"), *FAST)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("schedule"))
+    names = [x.split()[0] for x in lines[head + 2: head + 7]]
+    assert names == ["sequential", "greedy", "nimble", "opara", "ios"]
+    assert all(float(x.split()[5]) == 0.0 for x in lines[head + 2: head + 7])  # max error
+    import json
+
+    from opbench.schedule import Schedule
+
+    kept = Schedule.load(sched)
+    assert kept.name in names and len(kept.stream_of) == 7
+    assert len(json.loads((tmp_path / "s.json").read_text())["compare"]) == 5
+
+
+def test_compare_command_errors(tmp_path):
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--backend", "torch", script=False)
+    assert proc.returncode == 2 and "--backend torch needs a torch model" in proc.stderr
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--backend", "jax", script=False)
+    assert proc.returncode == 2 and "unknown backend 'jax'" in proc.stderr
 
 
 def test_false_really_is_false(tmp_path):

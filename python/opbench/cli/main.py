@@ -26,8 +26,6 @@ TUNERS = ("xgb", "xgb_knob", "xgb_itervar", "ga", "random", "gridsearch", "evolu
 LATER = {
     "iftune": "--iftune true: schedule tuning with MetaSchedule (every trial kept) is not "
               "implemented in this version yet; run without --iftune to measure default schedules",
-    "ifcompare": "--ifcompare true: comparing parallel schedules needs the parallel graph "
-                 "executor, which is not implemented in this version yet; run without --ifcompare",
 }
 
 
@@ -86,7 +84,33 @@ def _add_collect(sub: Any) -> None:
     p.add_argument("--corun-limit", type=_positive_int, default=200, help="co-run groups to measure")
     p.add_argument("--json", default=None, help="also write the summary as JSON to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    _add_schedule_flags(p)
     p.set_defaults(func=cmd_collect)
+
+
+def _add_schedule_flags(p: Any) -> None:
+    p.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
+                   help="schedulers to compare (comma-separated; sequential is always first)")
+    p.add_argument("--compare-repeat", type=_positive_int, default=10, help="timed samples per schedule")
+    p.add_argument("--compare-number", type=_positive_int, default=20, help="runs per sample")
+    p.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser("compare", help="run a model under each schedule and compare",
+                       description="Run a model under each inter-operator schedule (CUDA Graph on GPU, "
+                                   "threads on CPU) and print latency, speedup and output error.")
+    p.add_argument("--modelsource", default="local")
+    p.add_argument("--modelname", required=True)
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--batchsize", default="1")
+    p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
+    p.add_argument("--image-size", type=_positive_int, default=None)
+    p.add_argument("--seqlen", type=_positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the table as JSON")
+    _add_schedule_flags(p)
+    p.set_defaults(func=cmd_compare)
 
 
 def _add_export(sub: Any) -> None:
@@ -110,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collect(sub)
     _add_export(sub)
     _add_models(sub)
+    _add_compare(sub)
     return parser
 
 
@@ -159,10 +184,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     if args.iftune:
         raise OpBenchError(LATER["iftune"])
-    if args.ifcompare:
-        raise OpBenchError(LATER["ifcompare"])
     if args.tuner not in TUNERS:
         raise OpBenchError(f"unknown tuner '{args.tuner}' (accepted: {', '.join(TUNERS)})")
+    if args.ifcompare:
+        _scheduler_names(args)
     target = resolve_target(args.target)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
@@ -205,8 +230,65 @@ def cmd_collect(args: argparse.Namespace) -> int:
           f"Relax VM {summary['vm_latency_ms']:.3f} ms; replay error "
           f"{'-' if err is None else f'{err:.1e}'}; "
           f"measured {result.measured}, skipped {result.skipped} already in {summary['dataset']}")
+    if args.ifcompare:
+        from ..parallel import TVMBackend
+
+        backend = TVMBackend(result.extra["kernels"], workload.example_inputs(args.seed),
+                             result.extra.get("resources") or None)
+        summary["compare"] = _compare(backend, args)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def _scheduler_names(args: argparse.Namespace) -> list[str]:
+    """``--schedulers`` checked (unknown names fail before any work), sequential first."""
+    from ..schedule import get_scheduler
+
+    names = [get_scheduler(n.strip()).name for n in args.schedulers.split(",") if n.strip()]
+    return ["sequential"] + [n for n in names if n != "sequential"]
+
+
+def _compare(backend: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ..parallel import evaluate, format_comparison
+
+    names = _scheduler_names(args)
+    kept, rows = evaluate(backend, names, repeat=args.compare_repeat, number=args.compare_number)
+    how = "CUDA Graph" if backend.is_cuda else "threads"
+    print(f"\n{backend.name} kernels, {len(backend.graph)} operators ({how}):")
+    print(format_comparison(rows))
+    print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)")
+    if args.save_schedule:
+        kept.save(args.save_schedule)
+    return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ..models import load_workload
+    from ..parallel import TorchBackend, tvm_backend
+    from ..runtime import is_gpu, resolve_target
+
+    if args.backend not in ("tvm", "torch"):
+        raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
+    _scheduler_names(args)
+    target = resolve_target(args.target)
+    workload = load_workload(args.modelsource, args.modelname, args.batchsize, image_size=args.image_size,
+                             seqlen=args.seqlen, seed=args.seed)
+    if args.backend == "tvm":
+        backend = tvm_backend(workload, target, workload.example_inputs(args.seed))
+    else:
+        if workload.torch_module is None:
+            raise OpBenchError(f"--backend torch needs a torch model; source '{workload.source}' has none "
+                               "(accepted sources: local, transformers)")
+        import torch
+
+        device = "cuda" if is_gpu(target) else "cpu"
+        module = workload.torch_module.to(device)
+        inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(args.seed)]
+        backend = TorchBackend(module, inputs)
+    rows = _compare(backend, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
     return 0
 
 
@@ -230,7 +312,7 @@ def cmd_models(_args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opbench`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("collect", "export", "models")
+    commands = ("collect", "export", "models", "compare")
     if argv and argv[0].startswith("--") and argv[0] not in ("--help", "--debug") \
             and not any(a in commands for a in argv):
         argv.insert(0, "collect")

@@ -171,7 +171,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         }
         dataset.put("models", model_row)
         extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values,
-                                 "summary": corun_summary}
+                                 "summary": corun_summary, "resources": resources}
         status = "ok"
         return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
                              built.compile_seconds, measure_s, str(dataset.path), extra)

@@ -1,0 +1,161 @@
+"""Inter-operator parallelism, end to end: schedule, capture, measure, keep the fastest.
+
+``optimize`` measures every scheduler's schedule side by side with the sequential one and returns
+the fastest; a parallel schedule that is not faster than sequential beyond ``tolerance`` is not
+kept (users of IOS and Opara report parallel schedules that lose on newer GPUs). ``capturer`` does
+this for any torch model and returns a callable that replays the chosen CUDA Graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
+
+__all__ = ["TVMBackend", "TorchBackend", "capturer", "evaluate", "optimize", "tvm_backend"]
+from .runtime.executor import ParallelExecutor, median
+from .schedule import CostModel, Schedule, get_scheduler
+
+log = logging.getLogger("opbench")
+DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
+
+
+def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
+    out = []
+    for t in outputs:
+        if hasattr(t, "detach"):
+            out.append(t.detach().float().cpu().numpy())
+        elif hasattr(t, "numpy"):
+            out.append(t.numpy())
+        else:
+            out.append(np.asarray(t))
+    return out
+
+
+def max_error(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
+    """Largest relative error max|a-b|/max|b| over the outputs."""
+    from .runtime.kernels import relative_error
+
+    return relative_error(actual, expected)
+
+
+def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS, cost: CostModel | None = None,
+             reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
+             tolerance: float = 0.02) -> tuple[Schedule, list[dict[str, Any]]]:
+    """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
+
+    The first scheduler must be ``sequential`` (the baseline and the fallback); outputs are
+    compared with ``reference`` (default: the sequential outputs).
+    """
+    cost = cost or CostModel(backend.graph, resources=backend.resources)
+    rows: list[dict[str, Any]] = []
+    for item in schedulers:
+        scheduler = get_scheduler(item)
+        start = time.perf_counter()
+        schedule = scheduler.schedule(backend.graph, cost)
+        scheduling_s = time.perf_counter() - start
+        executor = ParallelExecutor(backend, schedule)
+        outputs = _host(executor.run())
+        if reference is None:
+            reference = outputs
+        samples = executor.time(repeat, number)
+        rows.append({"schedule": scheduler.name, "streams": schedule.num_streams, "events": schedule.num_events,
+                     "latency_ms": median(samples) * 1e3, "error": max_error(outputs, reference),
+                     "scheduling_ms": scheduling_s * 1e3, "plan": schedule})
+        del executor
+    base = rows[0]["latency_ms"]
+    for row in rows:
+        row["speedup"] = base / row["latency_ms"] if row["latency_ms"] else None
+    valid = [r for r in rows if r["error"] <= 1e-3]
+    best = min(valid, key=lambda r: r["latency_ms"]) if valid else rows[0]
+    if best is not rows[0] and best["latency_ms"] > base * (1 - tolerance):
+        log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
+        best = rows[0]
+    for row in rows:
+        row["kept"] = row is best
+    return best["plan"], rows
+
+
+def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
+    """The comparison table: schedule, streams, events, latency, speedup, error."""
+    head = f"{'schedule':<12}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}{'sched ms':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        mark = " *" if r.get("kept") else ""
+        lines.append(f"{r['schedule']:<12}{r['streams']:>8}{r['events']:>8}{r['latency_ms']:>11.4f}"
+                     f"{r['speedup']:>9.2f}{r['error']:>10.1e}{r['scheduling_ms']:>10.1f}{mark}")
+    return "\n".join(lines)
+
+
+def optimize(model: Any, inputs: Sequence[Any], schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
+             **options: Any) -> Schedule:
+    """The fastest measured schedule of a torch model (ATen kernels); ``schedule.meta['table']`` has
+    every scheduler's row."""
+    backend = TorchBackend(model, inputs)
+    schedule, rows = evaluate(backend, schedulers, **options)
+    schedule.meta["table"] = [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+    return schedule
+
+
+class Runner:
+    """A model captured with its chosen schedule: ``runner(*inputs)`` replays it.
+
+    Outputs are the graph's static output tensors, overwritten by the next call.
+    """
+
+    def __init__(self, backend: KernelBackend, schedule: Schedule, table: list[dict[str, Any]], single: bool):
+        self.backend, self.schedule, self.table, self._single = backend, schedule, table, single
+        self.executor = ParallelExecutor(backend, schedule)
+        self.executor.run()
+
+    def __call__(self, *inputs: Any) -> Any:
+        outputs = self.executor.run(inputs)
+        return outputs[0] if self._single else tuple(outputs)
+
+
+def capturer(inputs: Sequence[Any], model: Any, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
+             **options: Any) -> Any:
+    """Opara-style one call: export ``model``, pick the fastest schedule by measurement, capture it.
+
+    A model that cannot be exported is run unscheduled (``model`` itself) with a warning.
+    """
+    from .errors import OpBenchError
+
+    inputs = list(inputs)
+    try:
+        backend = TorchBackend(model, inputs)
+    except OpBenchError as err:
+        log.warning("%s; running the model unscheduled", err)
+        return model
+    with _no_grad():
+        reference = model(*inputs)
+    single = not isinstance(reference, list | tuple)
+    schedule, rows = evaluate(backend, schedulers, reference=_host([reference] if single else reference), **options)
+    return Runner(backend, schedule, [{k: v for k, v in r.items() if k != "plan"} for r in rows], single)
+
+
+def _no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
+
+
+def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
+                resources: bool = True) -> TVMBackend:
+    """Extract, compile and wrap a workload's TVM kernels as a backend."""
+    from .ir import extract_operators
+    from .runtime import OperatorKernels, build_module
+
+    lowered, graph = extract_operators(workload.mod, target)
+    kernels = OperatorKernels(graph, build_module(lowered, target))
+    res = None
+    if resources and kernels.device.dlpack_device_type() == 2:
+        from .profile.cuda import CudaProfiler
+
+        res = CudaProfiler().resources(kernels)
+    return TVMBackend(kernels, inputs if inputs is not None else workload.example_inputs(), res)

@@ -1,0 +1,36 @@
+"""Inter-operator schedules: the ``Schedule`` data model and one file per scheduling policy.
+
+Schedulers are plug-ins: :func:`get_scheduler` takes a name (``sequential``, ``greedy``,
+``nimble``, ``opara``, ``ios``) or a :class:`Scheduler` object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import OpBenchError
+from .base import Schedule, Scheduler, cross_stream_events, transitive_reduction
+from .cost import CostModel
+from .greedy import Greedy
+from .ios import IOS
+from .nimble import Nimble
+from .opara import Opara
+from .sequential import Sequential
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls for cls in (Sequential, Greedy, Nimble, Opara, IOS)
+}
+
+
+def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
+    """A scheduler by name (with constructor options) or the object itself."""
+    if isinstance(scheduler, Scheduler):
+        return scheduler
+    try:
+        return SCHEDULERS[scheduler](**options)
+    except KeyError:
+        raise OpBenchError(f"unknown scheduler '{scheduler}' (accepted: {', '.join(SCHEDULERS)})") from None
+
+
+__all__ = ["IOS", "SCHEDULERS", "CostModel", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
+           "Sequential", "cross_stream_events", "get_scheduler", "transitive_reduction"]

@@ -1,0 +1,180 @@
+"""The ``Schedule`` data model and the scheduler plug-in base class.
+
+A schedule is plain data: for each operator a stream and a position in one global launch order
+(topological), plus the cross-stream edges that need an event (record after the producer, wait
+before the consumer). IOS-style stages (stage -> groups -> operators) are optional metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import OpBenchError
+
+
+class DAG(Protocol):
+    """What schedulers need of a graph (``OpGraph`` has it)."""
+
+    def __len__(self) -> int: ...
+
+    def preds(self, index: int) -> list[int]: ...
+
+    def succs(self, index: int) -> list[int]: ...
+
+
+def edges_of(graph: DAG) -> list[tuple[int, int]]:
+    return [(u, v) for v in range(len(graph)) for u in graph.preds(v)]
+
+
+def reach_bits(graph: DAG) -> list[int]:
+    """Bitset of descendants of each operator (operators are in topological order)."""
+    reach = [0] * len(graph)
+    for i in reversed(range(len(graph))):
+        bits = 0
+        for j in graph.succs(i):
+            bits |= (1 << j) | reach[j]
+        reach[i] = bits
+    return reach
+
+
+def transitive_reduction(graph: DAG) -> list[tuple[int, int]]:
+    """Edges (u, v) not implied by a longer path u -> w -> v."""
+    reach = reach_bits(graph)
+    out = []
+    for u in range(len(graph)):
+        succs = graph.succs(u)
+        implied = 0
+        for w in succs:
+            implied |= reach[w]
+        out.extend((u, v) for v in succs if not (implied >> v) & 1)
+    return out
+
+
+@dataclasses.dataclass
+class Schedule:
+    """Streams, launch order and events for every operator of a graph."""
+
+    name: str
+    stream_of: list[int]
+    order: list[int]
+    events: list[tuple[int, int]]
+    stages: list[list[list[int]]] | None = None
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_streams(self) -> int:
+        return len(set(self.stream_of))
+
+    @property
+    def num_events(self) -> int:
+        return len(self.events)
+
+    def stream_ops(self) -> list[list[int]]:
+        """Operators of each stream in launch order."""
+        streams: list[list[int]] = [[] for _ in range(max(self.stream_of, default=-1) + 1)]
+        for op in self.order:
+            streams[self.stream_of[op]].append(op)
+        return streams
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "stream_of": self.stream_of, "order": self.order,
+                "events": [list(e) for e in self.events], "stages": self.stages, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Schedule:
+        try:
+            return cls(name=str(data["name"]), stream_of=[int(s) for s in data["stream_of"]],
+                       order=[int(o) for o in data["order"]],
+                       events=[(int(u), int(v)) for u, v in data["events"]], stages=data.get("stages"),
+                       meta=dict(data.get("meta") or {}))
+        except (KeyError, TypeError, ValueError) as err:
+            raise OpBenchError(f"bad schedule data: {type(err).__name__} {err} "
+                               "(expected name, stream_of, order, events)") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Schedule:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise OpBenchError(f"cannot read schedule '{path}': {err}") from None
+        return cls.from_dict(data)
+
+    def validate(self, graph: DAG) -> Schedule:
+        """Check that every dependency is ordered; raise naming the first offending edge."""
+        n = len(graph)
+        if len(self.stream_of) != n or sorted(self.order) != list(range(n)):
+            raise OpBenchError(f"schedule '{self.name}' covers {len(self.stream_of)} operators with an order of "
+                               f"{len(self.order)}; the graph has {n}")
+        if any(s < 0 for s in self.stream_of):
+            raise OpBenchError(f"schedule '{self.name}' has a negative stream number")
+        pos = {op: i for i, op in enumerate(self.order)}
+        for u, v in self.events:
+            if not (0 <= u < n and 0 <= v < n) or pos[u] >= pos[v]:
+                raise OpBenchError(f"schedule '{self.name}': event {u}->{v} waits before it is recorded")
+        # happens-before: program order on each stream, plus events
+        before: list[list[int]] = [[] for _ in range(n)]
+        for ops in self.stream_ops():
+            for a, b in zip(ops, ops[1:], strict=False):
+                before[b].append(a)
+        for u, v in self.events:
+            before[v].append(u)
+        hb = [0] * n
+        for v in self.order:
+            bits = 0
+            for u in before[v]:
+                bits |= (1 << u) | hb[u]
+            hb[v] = bits
+        for u, v in edges_of(graph):
+            if pos[u] >= pos[v]:
+                raise OpBenchError(f"schedule '{self.name}': edge {u}->{v} is launched in the wrong order")
+            if not (hb[v] >> u) & 1:
+                raise OpBenchError(f"schedule '{self.name}': edge {u}->{v} crosses from stream "
+                                   f"{self.stream_of[u]} to {self.stream_of[v]} without an event")
+        return self
+
+    def describe(self) -> str:
+        """Stage by stage (IOS style) when stages are known, else stream by stream."""
+        lines = [f"schedule {self.name}: {self.num_streams} streams, {self.num_events} events"]
+        if self.stages:
+            for i, stage in enumerate(self.stages):
+                groups = " | ".join(" -> ".join(str(op) for op in g) for g in stage)
+                lines.append(f"  stage {i}: {groups}")
+        else:
+            for s, ops in enumerate(self.stream_ops()):
+                if ops:
+                    lines.append(f"  stream {s}: {' '.join(str(op) for op in ops)}")
+        return "\n".join(lines)
+
+
+def cross_stream_events(graph: DAG, stream_of: list[int], reduced: bool = True) -> list[tuple[int, int]]:
+    """Events for every (transitively reduced) edge whose ends are on different streams."""
+    edges = transitive_reduction(graph) if reduced else edges_of(graph)
+    return sorted((u, v) for u, v in edges if stream_of[u] != stream_of[v])
+
+
+def from_stages(name: str, graph: DAG, stages: list[list[list[int]]], meta: dict[str, Any] | None = None) -> Schedule:
+    """A schedule running each stage's groups on streams 0..g-1, stage after stage."""
+    stream_of = [0] * len(graph)
+    order: list[int] = []
+    for stage in stages:
+        for s, group in enumerate(stage):
+            for op in group:
+                stream_of[op] = s
+        order.extend(sorted(op for group in stage for op in group))
+    sched = Schedule(name, stream_of, order, cross_stream_events(graph, stream_of), stages, meta or {})
+    return sched
+
+
+class Scheduler:
+    """Base class of a scheduling policy; subclasses set ``name`` and implement :meth:`schedule`."""
+
+    name = ""
+
+    def schedule(self, graph: Any, cost: Any = None) -> Schedule:
+        raise NotImplementedError

@@ -1,0 +1,90 @@
+"""The executor on llvm (threads per stream) with both backends, and the capturer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opbench.models import load_workload
+from opbench.parallel import DEFAULT_SCHEDULERS, capturer, evaluate, tvm_backend
+from opbench.runtime.executor import ParallelExecutor
+from opbench.schedule import get_scheduler
+
+
+@pytest.fixture(scope="module")
+def branchy_backend():
+    from opbench.runtime import resolve_target
+
+    w = load_workload("simple", "branchy:branches=4,depth=2,channels=8,size=12", 1)
+    return tvm_backend(w, resolve_target("llvm"))
+
+
+@pytest.mark.parametrize("name", DEFAULT_SCHEDULERS)
+def test_every_schedule_gives_the_same_output(branchy_backend, name):
+    seq = [o.numpy().copy() for o in ParallelExecutor(branchy_backend, get_scheduler("sequential").schedule(
+        branchy_backend.graph)).run()]
+    schedule = get_scheduler(name).schedule(branchy_backend.graph)
+    out = ParallelExecutor(branchy_backend, schedule).run()
+    np.testing.assert_array_equal(out[0].numpy(), seq[0])
+    if name != "sequential":
+        assert schedule.num_streams > 1
+
+
+def test_evaluate_table_and_fallback(branchy_backend):
+    best, rows = evaluate(branchy_backend, repeat=2, number=2)
+    assert [r["schedule"] for r in rows] == list(DEFAULT_SCHEDULERS)
+    assert all(r["error"] == 0.0 for r in rows) and rows[0]["speedup"] == 1.0
+    assert sum(r["kept"] for r in rows) == 1
+    # tolerance 100%: nothing can be that much faster, sequential is kept
+    best, rows = evaluate(branchy_backend, repeat=2, number=2, tolerance=1.0)
+    assert best.name == "sequential" and rows[0]["kept"]
+
+
+def test_new_inputs_replayed(branchy_backend):
+    ex = ParallelExecutor(branchy_backend, get_scheduler("opara").schedule(branchy_backend.graph))
+    x1 = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype("float32")
+    x2 = np.random.default_rng(2).standard_normal((1, 3, 12, 12)).astype("float32")
+    y1 = ex.run([x1])[0].numpy().copy()
+    y2 = ex.run([x2])[0].numpy().copy()
+    assert not np.allclose(y1, y2)
+    np.testing.assert_array_equal(ex.run([x1])[0].numpy(), y1)
+
+
+def test_capturer_torch_model_equals_model():
+    torch = pytest.importorskip("torch")
+
+    class TwoBranch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.b = torch.nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return torch.relu(self.a(x)) + torch.sigmoid(self.b(x))
+
+    torch.manual_seed(0)
+    model = TwoBranch().eval()
+    x = torch.randn(1, 3, 8, 8)
+    run = capturer([x], model, repeat=2, number=2)
+    with torch.no_grad():
+        expected = model(x)
+        other = torch.randn(1, 3, 8, 8)
+        torch.testing.assert_close(run(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(run(other), model(other), rtol=0, atol=0)
+    assert {r["schedule"] for r in run.table} == set(DEFAULT_SCHEDULERS)
+
+
+def test_capturer_falls_back_for_unexportable_model(caplog):
+    torch = pytest.importorskip("torch")
+
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+                return x * 2
+            return x - 1
+
+    model = DataDependent()
+    with caplog.at_level("WARNING", logger="opbench"):
+        run = capturer([torch.ones(3)], model)
+    assert run is model
+    assert "torch.export failed for DataDependent" in caplog.text and "unscheduled" in caplog.text
