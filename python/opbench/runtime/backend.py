@@ -103,10 +103,13 @@ class TorchBackend(KernelBackend):
 
     name = "torch"
 
-    def __init__(self, model: Any, inputs: Sequence[Any]) -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False) -> None:
         import torch
 
         self.torch = torch
+        self.fold_bn = fold_bn
+        self._overrides: dict[Any, tuple[Any, ...]] = {}
+        self._aliases: set[Any] = set()
         device = inputs[0].device if inputs and hasattr(inputs[0], "device") else torch.device("cpu")
         self.is_cuda = device.type == "cuda"
         try:
@@ -131,6 +134,8 @@ class TorchBackend(KernelBackend):
         for node, x in zip(self.placeholders, inputs, strict=True):
             self.env[node] = x.detach().clone()
         self.ops = [n for n in program.graph.nodes if n.op == "call_function"]
+        if fold_bn:
+            self._fold_batchnorm()
         index = {n: i for i, n in enumerate(self.ops)}
         out_node = next(n for n in program.graph.nodes if n.op == "output")
         self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
@@ -152,6 +157,40 @@ class TorchBackend(KernelBackend):
                                      for p in self.placeholders], [], [])
         self.resources = None
 
+    def _fold_batchnorm(self) -> None:
+        """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta).
+
+        Applies where the convolution's only user is the batch norm and both have constant
+        parameters; the batch norm then forwards the convolution's output without a kernel.
+        """
+        torch = self.torch
+        conv_targets = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
+        aten = torch.ops.aten
+        # target -> index of eps; batch_norm returns a tensor, the no_training variant a tuple
+        bn_targets = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_training.default: 6}
+        for bn in self.ops:
+            if bn.target not in bn_targets or (bn.target == aten.batch_norm.default and bn.args[5]):
+                continue
+            conv = bn.args[0]
+            if getattr(conv, "target", None) not in conv_targets or len(conv.users) != 1:
+                continue
+            params = [bn.args[i] for i in range(1, 5)]
+            if not all(p in self.env for p in params) or conv.args[1] not in self.env:
+                continue
+            gamma, beta, mean, var = (self.env[p] for p in params)
+            eps = float(bn.args[bn_targets[bn.target]])
+            scale = gamma / torch.sqrt(var + eps)
+            weight = self.env[conv.args[1]] * scale.reshape(-1, *([1] * (self.env[conv.args[1]].dim() - 1)))
+            old_bias = conv.args[2] if len(conv.args) > 2 else None
+            bias = self.env[old_bias] if old_bias is not None and old_bias in self.env else torch.zeros_like(mean)
+            bias = (bias - mean) * scale + beta
+            args = list(conv.args)
+            while len(args) < 3:
+                args.append(None)
+            args[1], args[2] = weight, bias
+            self._overrides[conv] = tuple(args)
+            self._aliases.add(bn)
+
     def set_inputs(self, inputs: Sequence[Any]) -> None:
         for node, x in zip(self.placeholders, inputs, strict=True):
             self.env[node].copy_(x)
@@ -160,6 +199,15 @@ class TorchBackend(KernelBackend):
         import torch.fx as fx
 
         node = self.ops[index]
+        if node in self._aliases:  # folded batch norm forwards the convolution's output
+            out = self.env[node.args[0]]
+            self.env[node] = out if node.target == self.torch.ops.aten.batch_norm.default else (out, None, None)
+            return
+        if node in self._overrides:
+            args = tuple(fx.node.map_arg(a, lambda x: self.env[x]) if isinstance(a, fx.Node) else a
+                         for a in self._overrides[node])
+            self.env[node] = node.target(*args, **fx.node.map_arg(node.kwargs, lambda a: self.env[a]))
+            return
         args = fx.node.map_arg(node.args, lambda a: self.env[a])
         kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
         self.env[node] = node.target(*args, **kwargs)

@@ -1,0 +1,194 @@
+"""Side-by-side benchmark of inter-operator parallelism (one run on the GPU machine).
+
+For each model, in ONE process and on the same inputs: PyTorch eager, PyTorch sequential CUDA
+Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels), and ours with
+every scheduler on each backend (tvm kernels; torch ATen kernels; torch with batch norm folded).
+Every GPU time is the median of ``--repeat`` samples, each CUDA events around ``--number``
+back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after every model (with environment
+tags) and a table is printed.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_parallel.py --models googlenet:1,inception_v3:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+DEFAULT = "googlenet:1,inception_v3:1,squeezenet_v1.0:1,resnet-18:1,nasnet:1,randwire:1,googlenet:8,googlenet:32"
+
+
+def cuda_time(fn, repeat: int, number: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeat):
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / number)
+    return statistics.median(samples)
+
+
+def rel_err(out, ref) -> float:
+    out = out[0] if isinstance(out, list | tuple) else out
+    if not hasattr(out, "detach"):
+        import torch
+
+        out = torch.from_numpy(out.numpy())
+    out = out.detach().float().cpu()
+    ref = ref.detach().float().cpu()
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def bench_model(name: str, batch: int, args) -> dict:
+    import torch
+
+    from opbench.ir import extract_operators
+    from opbench.models import load_workload
+    from opbench.parallel import TorchBackend, TVMBackend, evaluate
+    from opbench.profile.cuda import CudaProfiler
+    from opbench.profile.timer import TimingConfig, time_evaluator
+    from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
+    from opbench.schedule import IOS, get_scheduler
+
+    res: dict = {"model": name, "batch": batch}
+    w = load_workload("local", name, batch)
+    module = w.torch_module.cuda().eval()
+    x = torch.from_numpy(w.example_inputs()[0]).cuda()
+    with torch.no_grad():
+        ref = module(x).clone()
+        res["pytorch_eager_ms"] = cuda_time(lambda: module(x), args.repeat, args.number) * 1e3
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                module(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = module(x)
+        graph.replay()
+        res["pytorch_cuda_graph_ms"] = cuda_time(graph.replay, args.repeat, args.number) * 1e3
+        res["pytorch_cuda_graph_err"] = rel_err(static_out, ref)
+        if not args.no_compile:
+            t = time.perf_counter()
+            compiled = torch.compile(module, mode="reduce-overhead")
+            for _ in range(3):
+                compiled(x)
+            res["torch_compile_s"] = time.perf_counter() - t
+            res["torch_compile_ms"] = cuda_time(lambda: compiled(x), args.repeat, args.number) * 1e3
+            res["torch_compile_err"] = rel_err(compiled(x).clone(), ref)
+    print(f"  {name}:{batch} pytorch done", flush=True)
+
+    schedulers = ["sequential", "greedy", "nimble", "opara", IOS(time_limit_s=args.ios_limit)]
+    scheds_time = {}
+    target = resolve_target("cuda")
+    t = time.perf_counter()
+    lowered, opgraph = extract_operators(w.mod, target)
+    built = build_module(lowered, target)
+    res["tvm_compile_s"] = time.perf_counter() - t
+    kernels = OperatorKernels(opgraph, built)
+    vm = built.vm()
+    inputs = kernels.to_device(w.example_inputs())
+    res["tvm_vm_err"] = rel_err(flatten_outputs(vm["main"](*inputs))[0], ref)
+    vm_config = TimingConfig(repeat=args.repeat, number=args.number, min_repeat_ms=0)
+    res["tvm_vm_ms"] = time_evaluator(vm, "main", built.device, inputs, vm_config).median * 1e3
+    resources = CudaProfiler().resources(kernels)
+    backends = {"tvm": TVMBackend(kernels, w.example_inputs(), resources),
+                "torch": TorchBackend(module, [x]), "torch+foldbn": TorchBackend(module, [x], fold_bn=True)}
+    host_ref = [ref.detach().float().cpu().numpy()]
+    for label, backend in backends.items():
+        t = time.perf_counter()
+        kept, rows = evaluate(backend, schedulers, reference=host_ref, repeat=args.repeat, number=args.number)
+        res[f"ours_{label}"] = {"ops": len(backend.graph), "kept": kept.name,
+                                "rows": [{k: v for k, v in r.items() if k != "plan"} for r in rows],
+                                "seconds": time.perf_counter() - t}
+        print(f"  {name}:{batch} {label} done ({time.perf_counter() - t:.0f} s)", flush=True)
+    for sname in ("sequential", "greedy", "nimble", "opara"):  # scheduling time alone, torch graph
+        t = time.perf_counter()
+        get_scheduler(sname).schedule(backends["torch"].graph)
+        scheds_time[sname] = (time.perf_counter() - t) * 1e3
+    res["scheduling_ms_torch_graph"] = scheds_time
+    return res
+
+
+def environment() -> dict:
+    import torch
+    import tvm
+
+    from opbench.profile.cuda import CudaProfiler
+
+    tags = CudaProfiler().tags()
+    return {**tags, "torch": torch.__version__, "tvm": tvm.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
+def _kept(result: dict, label: str) -> tuple[float, float, str]:
+    """(sequential ms, kept schedule ms, kept schedule name) of one backend."""
+    rows = result[f"ours_{label}"]["rows"]
+    kept = next(x for x in rows if x["kept"])
+    return rows[0]["latency_ms"], kept["latency_ms"], kept["schedule"]
+
+
+def table(results: list) -> str:
+    head = (f"{'model':<18}{'eager':>8}{'seqGraph':>9}{'compile':>9}{'tvmVM':>8}{'tvmSeq':>8}{'tvmBest':>8}"
+            f"{'trSeq':>8}{'trBest':>8}{'foldBest':>9}  best/seqGraph  tvmBest/VM  kept")
+    lines = [head]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['model']}:{r['batch']} FAILED {r['error'][:80]}")
+            continue
+        tvm_seq, tvm_best, tvm_k = _kept(r, "tvm")
+        tr_seq, tr_best, tr_k = _kept(r, "torch")
+        f_seq, f_best, f_k = _kept(r, "torch+foldbn")
+        ours = min(tr_best, f_best)
+        lines.append(
+            f"{r['model'] + ':' + str(r['batch']):<18}{r['pytorch_eager_ms']:>8.3f}{r['pytorch_cuda_graph_ms']:>9.3f}"
+            f"{r.get('torch_compile_ms', float('nan')):>9.3f}{r['tvm_vm_ms']:>8.3f}{tvm_seq:>8.3f}{tvm_best:>8.3f}"
+            f"{tr_seq:>8.3f}{tr_best:>8.3f}{f_best:>9.3f}  {r['pytorch_cuda_graph_ms'] / ours:>12.2f}x"
+            f"  {r['tvm_vm_ms'] / tvm_best:>9.2f}x  tvm:{tvm_k} torch:{tr_k} fold:{f_k}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=DEFAULT)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--ios-limit", type=float, default=20.0)
+    parser.add_argument("--name", default="bench_parallel.json")
+    args = parser.parse_args()
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"environment": environment(), "settings": vars(args), "results": []}
+    for item in args.models.split(","):
+        name, _, batch = item.partition(":")
+        t = time.perf_counter()
+        try:
+            res = bench_model(name, int(batch or 1), args)
+        except Exception as err:  # keep going: one model's failure is a result too
+            traceback.print_exc()
+            res = {"model": name, "batch": int(batch or 1), "error": f"{type(err).__name__}: {err}"}
+        res["wall_s"] = time.perf_counter() - t
+        doc["results"].append(res)
+        (out / args.name).write_text(json.dumps(doc, indent=1, default=str))
+        print(table([res]).splitlines()[-1], flush=True)
+    print(table(doc["results"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
