@@ -3,7 +3,7 @@
 For each model, in ONE process and on the same inputs: PyTorch eager, PyTorch sequential CUDA
 Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels), and ours with
 every scheduler on each backend (tvm kernels; torch ATen kernels; torch with batch norm folded).
-Every GPU time is the median of ``--repeat`` samples, each CUDA events around ``--number``
+TF32 is off (fp32 throughout). Every GPU time is the median of ``--repeat`` samples, each CUDA events around ``--number``
 back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after every model (with environment
 tags) and a table is printed.
 
@@ -173,6 +173,11 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    # fp32 means fp32: no TF32 in cuDNN convolutions or matmuls, for every variant alike
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     doc = {"environment": environment(), "settings": vars(args), "results": []}
     for item in args.models.split(","):
         name, _, batch = item.partition(":")

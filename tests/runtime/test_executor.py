@@ -33,11 +33,19 @@ def test_every_schedule_gives_the_same_output(branchy_backend, name):
 def test_evaluate_table_and_fallback(branchy_backend):
     best, rows = evaluate(branchy_backend, repeat=2, number=2)
     assert [r["schedule"] for r in rows] == list(DEFAULT_SCHEDULERS)
-    assert all(r["error"] == 0.0 for r in rows) and rows[0]["speedup"] == 1.0
+    assert all(r["error"] == 0.0 and r["sched_error"] == 0.0 for r in rows) and rows[0]["speedup"] == 1.0
     assert sum(r["kept"] for r in rows) == 1
     # tolerance 100%: nothing can be that much faster, sequential is kept
     best, rows = evaluate(branchy_backend, repeat=2, number=2, tolerance=1.0)
     assert best.name == "sequential" and rows[0]["kept"]
+
+
+def test_kept_schedule_ignores_kernel_numerics_but_not_wrong_results(branchy_backend):
+    seq = ParallelExecutor(branchy_backend, get_scheduler("sequential").schedule(branchy_backend.graph)).run()
+    shifted = [seq[0].numpy() + 1.0]  # a reference from other kernels: every schedule differs from it
+    best, rows = evaluate(branchy_backend, repeat=2, number=2, reference=shifted)
+    assert all(r["error"] > 1e-3 and r["sched_error"] == 0.0 for r in rows)
+    assert sum(r["kept"] for r in rows) == 1  # still chosen by latency, not rejected
 
 
 def test_new_inputs_replayed(branchy_backend):
