@@ -4,8 +4,8 @@ For each model, in ONE process and on the same inputs: PyTorch eager, PyTorch se
 Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels), and ours with
 every scheduler on each backend (tvm kernels; torch ATen kernels; torch with batch norm folded).
 TF32 is off (fp32 throughout). Every GPU time is the median of ``--repeat`` samples, each CUDA
-events around ``--number`` back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after every model (with environment
-tags) and a table is printed.
+events around ``--number`` back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after
+every model (with environment tags) and a table is printed.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_parallel.py --models googlenet:1,inception_v3:1
 """
