@@ -25,21 +25,9 @@ DEFAULT = "googlenet:1,inception_v3:1,squeezenet_v1.0:1,resnet-18:1,nasnet:1,ran
 
 
 def cuda_time(fn, repeat: int, number: int) -> float:
-    import torch
+    from opbench.profile.timer import cuda_event_samples
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeat):
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / number)
-    return statistics.median(samples)
+    return statistics.median(cuda_event_samples(fn, repeat, number))
 
 
 def rel_err(out, ref) -> float:

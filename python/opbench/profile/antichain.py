@@ -12,33 +12,15 @@ import itertools
 from collections.abc import Iterator
 
 from ..ir.graph import OpGraph
+from ..schedule.base import reach_bits as reachability
+from ..schedule.greedy import levels as asap_levels
 
-
-def reachability(graph: OpGraph) -> list[int]:
-    """Bitset of descendants of each operator (bit j set: j is reachable from i)."""
-    reach = [0] * len(graph)
-    for i in reversed(range(len(graph))):
-        bits = 0
-        for j in graph.succs(i):
-            bits |= (1 << j) | reach[j]
-        reach[i] = bits
-    return reach
+__all__ = ["asap_levels", "corun_groups", "independent", "reachability"]
 
 
 def independent(reach: list[int], group: tuple[int, ...]) -> bool:
     """No operator of ``group`` reaches another."""
     return all(not (reach[a] >> b) & 1 and not (reach[b] >> a) & 1 for a, b in itertools.combinations(group, 2))
-
-
-def asap_levels(graph: OpGraph) -> list[list[int]]:
-    """Operators by longest path from the inputs."""
-    level = [0] * len(graph)
-    for i in range(len(graph)):
-        level[i] = max((level[p] + 1 for p in graph.preds(i)), default=0)
-    out: list[list[int]] = [[] for _ in range(max(level, default=-1) + 1)]
-    for i, lv in enumerate(level):
-        out[lv].append(i)
-    return out
 
 
 def corun_groups(graph: OpGraph, k: int = 4, limit: int = 200) -> list[tuple[int, ...]]:

@@ -85,3 +85,22 @@ def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],
     )
     result = evaluator(*args)
     return Timing([float(s) for s in result.results], config.number)
+
+
+def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3) -> list[float]:
+    """Seconds per call of ``fn``: ``repeat`` samples, each CUDA events around ``number`` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeat):
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / number)
+    return samples

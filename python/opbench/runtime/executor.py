@@ -125,22 +125,11 @@ class ParallelExecutor:
     def time(self, repeat: int = 10, number: int = 20) -> list[float]:
         """Seconds per run: ``repeat`` samples of ``number`` back-to-back runs (CUDA events on GPU)."""
         if self.backend.is_cuda:
-            import torch
+            from ..profile.timer import cuda_event_samples
 
             if self.cuda_graph is None:
                 self.capture()
-            for _ in range(3):
-                self.cuda_graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            samples = []
-            for _ in range(repeat):
-                start.record()
-                for _ in range(number):
-                    self.cuda_graph.replay()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3 / number)
-            return samples
+            return cuda_event_samples(self.cuda_graph.replay, repeat, number)
         self.run()
         samples = []
         for _ in range(repeat):
