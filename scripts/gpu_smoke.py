@@ -23,14 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_tests(env: dict, out: Path, jobs: int) -> dict:
     """The GPU tests: one process per model replay (compiles dominate; a crash stays in its process),
-    ``jobs`` at a time, then the other GPU tests in one process."""
+    plus one process for the other GPU tests (profiling and the executor), ``jobs`` at a time."""
     sys.path.insert(0, str(ROOT / "python"))
     from opbench.models import list_sources
 
-    base = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-            "tests/profile/test_cuda.py"]
-    selections = [f"test_local_replay_cuda[{name}]" for name in sorted(list_sources()["local"])]
-    selections.append("not test_local_replay_cuda")
+    base = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
+    replay = "tests/profile/test_cuda.py::test_local_replay_cuda"
+    selections = {f"{replay}[{name}]": [f"{replay}[{name}]"] for name in sorted(list_sources()["local"])}
+    selections["other GPU tests"] = ["tests/profile/test_cuda.py", "-k", "not test_local_replay_cuda",
+                                     "tests/runtime/test_executor_cuda.py"]
     start = time.perf_counter()
     results: dict = {}
     pending = list(selections)
@@ -38,11 +39,7 @@ def run_tests(env: dict, out: Path, jobs: int) -> dict:
     while pending or running:
         while pending and len(running) < jobs:
             sel = pending.pop(0)
-            cmd = base + (["-k", sel] if sel.startswith("not") else
-                          [f"tests/profile/test_cuda.py::{sel}"])
-            if not sel.startswith("not"):
-                cmd = base[:-1] + cmd[-1:]
-            running.append((sel, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+            running.append((sel, subprocess.Popen(base + selections[sel], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                                   stderr=subprocess.STDOUT, text=True)))
         time.sleep(0.5)
         for item in list(running):

@@ -50,8 +50,7 @@ class TVMBackend(KernelBackend):
         self.kernels = kernels
         self.graph = kernels.graph
         self.is_cuda = kernels.device.dlpack_device_type() == 2
-        self.static_inputs = kernels.to_device([x.numpy() if hasattr(x, "numpy") and not hasattr(x, "copyfrom")
-                                                else x for x in inputs])
+        self.static_inputs = kernels.to_device(inputs)
         self.outs = {n.index: kernels.allocate_outputs(n.index) for n in self.graph}
         self.args = {n.index: [self._resolve(a) for a in n.args] for n in self.graph}
         self.resources = resources
@@ -142,12 +141,12 @@ class TorchBackend(KernelBackend):
         nodes = []
         for i, n in enumerate(self.ops):
             val = n.meta.get("val")
-            vals = val if isinstance(val, list | tuple) else [val]
-            shapes = [tuple(v.shape) for v in vals if hasattr(v, "shape")]
+            outs = [v for v in (val if isinstance(val, list | tuple) else [val]) if hasattr(v, "shape")]
             ins = [a for a in n.all_input_nodes]
-            in_shapes = [tuple(a.meta["val"].shape) for a in ins if hasattr(a.meta.get("val"), "shape")]
-            itemsize = 4
-            moved = itemsize * (sum(_numel(s) for s in shapes) + sum(_numel(s) for s in in_shapes))
+            in_vals = [a.meta["val"] for a in ins if hasattr(a.meta.get("val"), "shape")]
+            shapes = [tuple(v.shape) for v in outs]
+            in_shapes = [tuple(v.shape) for v in in_vals]
+            moved = sum(_numel(v.shape) * v.dtype.itemsize for v in outs + in_vals)
             target = str(n.target)
             kind = target.split(".")[1] if target.startswith("aten.") else target
             args = [ArgRef("node", index[a]) for a in ins if a in index]
