@@ -46,7 +46,7 @@ def bench_model(name: str, batch: int, args) -> dict:
 
     from opbench.ir import extract_operators
     from opbench.models import load_workload
-    from opbench.parallel import TorchBackend, TVMBackend, evaluate
+    from opbench.parallel import TorchBackend, TVMBackend, evaluate, table_rows
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
     from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
@@ -102,7 +102,7 @@ def bench_model(name: str, batch: int, args) -> dict:
         t = time.perf_counter()
         kept, rows = evaluate(backend, schedulers, reference=host_ref, repeat=args.repeat, number=args.number)
         res[f"ours_{label}"] = {"ops": len(backend.graph), "kept": kept.name,
-                                "rows": [{k: v for k, v in r.items() if k != "plan"} for r in rows],
+                                "rows": table_rows(rows),
                                 "seconds": time.perf_counter() - t}
         print(f"  {name}:{batch} {label} done ({time.perf_counter() - t:.0f} s)", flush=True)
     for sname in ("sequential", "greedy", "nimble", "opara"):  # scheduling time alone, torch graph

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
-
-__all__ = ["TVMBackend", "TorchBackend", "capturer", "evaluate", "optimize", "tvm_backend"]
 from .runtime.executor import ParallelExecutor, median
+from .runtime.kernels import relative_error
 from .schedule import CostModel, Schedule, get_scheduler
+
+__all__ = ["TVMBackend", "TorchBackend", "capturer", "evaluate", "optimize", "table_rows", "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -37,11 +38,9 @@ def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
-def max_error(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
-    """Largest relative error max|a-b|/max|b| over the outputs."""
-    from .runtime.kernels import relative_error
-
-    return relative_error(actual, expected)
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparison rows without their ``Schedule`` objects (JSON-serialisable)."""
+    return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
 
 
 def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS, cost: CostModel | None = None,
@@ -70,8 +69,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDUL
             reference = outputs
         samples = executor.time(repeat, number)
         rows.append({"schedule": scheduler.name, "streams": schedule.num_streams, "events": schedule.num_events,
-                     "latency_ms": median(samples) * 1e3, "error": max_error(outputs, reference),
-                     "sched_error": max_error(outputs, sequential_out),
+                     "latency_ms": median(samples) * 1e3, "error": relative_error(outputs, reference),
+                     "sched_error": relative_error(outputs, sequential_out),
                      "scheduling_ms": scheduling_s * 1e3, "plan": schedule})
         del executor
     base = rows[0]["latency_ms"]
@@ -104,7 +103,7 @@ def optimize(model: Any, inputs: Sequence[Any], schedulers: Sequence[Any] = DEFA
     every scheduler's row."""
     backend = TorchBackend(model, inputs)
     schedule, rows = evaluate(backend, schedulers, **options)
-    schedule.meta["table"] = [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+    schedule.meta["table"] = table_rows(rows)
     return schedule
 
 
@@ -138,17 +137,13 @@ def capturer(inputs: Sequence[Any], model: Any, schedulers: Sequence[Any] = DEFA
     except OpBenchError as err:
         log.warning("%s; running the model unscheduled", err)
         return model
-    with _no_grad():
+    import torch
+
+    with torch.no_grad():
         reference = model(*inputs)
     single = not isinstance(reference, list | tuple)
     schedule, rows = evaluate(backend, schedulers, reference=_host([reference] if single else reference), **options)
-    return Runner(backend, schedule, [{k: v for k, v in r.items() if k != "plan"} for r in rows], single)
-
-
-def _no_grad() -> Any:
-    import torch
-
-    return torch.no_grad()
+    return Runner(backend, schedule, table_rows(rows), single)
 
 
 def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,

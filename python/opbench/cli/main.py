@@ -250,7 +250,7 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
 
 
 def _compare(backend: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from ..parallel import evaluate, format_comparison
+    from ..parallel import evaluate, format_comparison, table_rows
 
     names = _scheduler_names(args)
     kept, rows = evaluate(backend, names, repeat=args.compare_repeat, number=args.compare_number)
@@ -260,7 +260,7 @@ def _compare(backend: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)")
     if args.save_schedule:
         kept.save(args.save_schedule)
-    return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+    return table_rows(rows)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -128,7 +128,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 continue
             if node.task not in timed:
                 try:
-                    args = [kernels.resolve(a, inputs, values) for a in node.args]
+                    args = kernels.args_for(node.index, inputs, values)
                     outs = kernels.allocate_outputs(node.index)
                     if profiler is not None:
                         timing = profiler.time(kernels, node.index, args, outs, options.timing)

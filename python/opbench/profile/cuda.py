@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..runtime.kernels import OperatorKernels
-from .timer import Timing, TimingConfig
+from .timer import Timing, TimingConfig, cuda_event_samples
 
 log = logging.getLogger("opbench")
 
@@ -118,24 +118,14 @@ class CudaProfiler:
         end.synchronize()
         one = max(start.elapsed_time(end) / 1e3, 1e-7)
         number = 1 if config.flush_l2 else max(config.number, min(200, math.ceil(config.min_repeat_ms / 1e3 / one)))
-        samples = []
-        for _ in range(config.repeat):
-            if config.flush_l2:
-                self.flush_buffer.zero_()
-            start.record()
-            for _ in range(number):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / number)
-        return Timing(samples, number)
+        flush = self.flush_buffer.zero_ if config.flush_l2 else None
+        return Timing(cuda_event_samples(graph.replay, config.repeat, number, warmup=0, before_sample=flush), number)
 
     def _prepare(self, kernels: OperatorKernels, index: int, inputs: Sequence[Any],
                  values: dict[int, list[Any]]) -> tuple[list[Any], list[Any]]:
         if index not in self._outs:
             self._outs[index] = kernels.allocate_outputs(index)
-        args = [kernels.resolve(a, inputs, values) for a in kernels.graph[index].args]
-        return args, self._outs[index]
+        return kernels.args_for(index, inputs, values), self._outs[index]
 
     def time(self, kernels: OperatorKernels, index: int, args: Sequence[Any], outs: Sequence[Any],
              config: TimingConfig) -> Timing:

@@ -87,8 +87,12 @@ def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],
     return Timing([float(s) for s in result.results], config.number)
 
 
-def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3) -> list[float]:
-    """Seconds per call of ``fn``: ``repeat`` samples, each CUDA events around ``number`` calls."""
+def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3,
+                       before_sample: Any = None) -> list[float]:
+    """Seconds per call of ``fn``: ``repeat`` samples, each CUDA events around ``number`` calls.
+
+    ``before_sample`` (e.g. an L2 flush) is enqueued before each sample's start event.
+    """
     import torch
 
     for _ in range(warmup):
@@ -97,6 +101,8 @@ def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3) -> li
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(repeat):
+        if before_sample is not None:
+            before_sample()
         start.record()
         for _ in range(number):
             fn()

@@ -52,7 +52,7 @@ class TVMBackend(KernelBackend):
         self.is_cuda = kernels.device.dlpack_device_type() == 2
         self.static_inputs = kernels.to_device(inputs)
         self.outs = {n.index: kernels.allocate_outputs(n.index) for n in self.graph}
-        self.args = {n.index: [self._resolve(a) for a in n.args] for n in self.graph}
+        self.args = {n.index: kernels.args_for(n.index, self.static_inputs, self.outs) for n in self.graph}
         self.resources = resources
 
     def _resolve(self, ref: ArgRef) -> Any:

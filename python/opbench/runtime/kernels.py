@@ -56,6 +56,10 @@ class OperatorKernels:
             return self.constant(ref.index)
         return values[ref.index][ref.item]
 
+    def args_for(self, index: int, inputs: Sequence[Any], values: dict[int, list[Any]]) -> list[Any]:
+        """The argument tensors of operator ``index``."""
+        return [self.resolve(a, inputs, values) for a in self.graph[index].args]
+
     def call(self, index: int, args: Sequence[Any], outputs: Sequence[Any]) -> None:
         """Run operator ``index`` on prepared tensors."""
         self.funcs[self.graph[index].func](*args, *outputs)
@@ -76,9 +80,8 @@ class OperatorKernels:
         inputs = self.to_device(inputs)
         values: dict[int, list[Any]] = {}
         for node in self.graph:
-            args = [self.resolve(a, inputs, values) for a in node.args]
             outs = self.allocate_outputs(node.index)
-            self.call(node.index, args, outs)
+            self.call(node.index, self.args_for(node.index, inputs, values), outs)
             values[node.index] = outs
         outputs = [self.resolve(r, inputs, values) for r in self.graph.outputs]
         return outputs, values
