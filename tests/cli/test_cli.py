@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -55,11 +56,13 @@ def test_collect_writes_one_row_per_operator(populated):
     assert count_rows(path) == 1 + 2 * 2 + 2
     assert count_rows(path, "models") == 1
     assert "7 operators" in proc.stdout and "measured 7, skipped 0" in proc.stdout
-    conn = sqlite3.connect(path)
-    row = conn.execute("SELECT kind, latency_median_s, flops, cpu_model, tvm_version, status "
-                       "FROM operators WHERE op_index=0").fetchone()
+    # closed at once: a connection left to the garbage collector checkpoints the WAL into the file
+    # later, while another test checks that the file is untouched
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        row = conn.execute("SELECT kind, latency_median_s, flops, cpu_model, tvm_version, status "
+                           "FROM operators WHERE op_index=0").fetchone()
+        vm, err = conn.execute("SELECT vm_latency_median_s, replay_rel_error FROM models").fetchone()
     assert row[0] == "conv2d" and row[1] > 0 and row[2] > 0 and row[3] and row[4] and row[5] == "ok"
-    vm, err = conn.execute("SELECT vm_latency_median_s, replay_rel_error FROM models").fetchone()
     assert vm > 0 and err < 1e-5
 
 

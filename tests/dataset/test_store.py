@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
 import pandas as pd
@@ -25,10 +26,10 @@ def test_rows_written_and_read(tmp_path):
             ds.put("operators", {**_row(i), "run_id": run})
         ds.finish_run(run, "ok")
     # a fresh connection (another process) sees every row: each put committed
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
-    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", model_key("simple", "m", 1, "llvm"))
     assert [r["op_index"] for r in rows] == [0, 1, 2]
@@ -55,10 +56,9 @@ def test_unknown_column_rejected(tmp_path):
 def test_schema_version_mismatch(tmp_path):
     path = tmp_path / "d.sqlite"
     Dataset(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    conn.commit()
-    conn.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+        conn.commit()
     with pytest.raises(OpBenchError, match="schema version 99"):
         Dataset(path)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -108,7 +109,7 @@ def test_l2_flush_slows_memory_bound_op(cuda_target):
     values, inputs = result.extra["values"], result.extra["inputs"]
     prof = CudaProfiler()
     idx = len(result.graph) - 1
-    args = [kernels.resolve(a, inputs, values) for a in result.graph[idx].args]
+    args = kernels.args_for(idx, inputs, values)
     outs = kernels.allocate_outputs(idx)
     warm = prof.time(kernels, idx, args, outs, TimingConfig(repeat=20, min_repeat_ms=1))
     cold = prof.time(kernels, idx, args, outs, TimingConfig(repeat=20, flush_l2=True))
@@ -124,6 +125,6 @@ def test_cli_collect_cuda(tmp_path):
                            "--dataset", str(db), "--corun", "--corun-limit", "5", "--quiet"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    conn = sqlite3.connect(db)
-    assert conn.execute("SELECT COUNT(*) FROM operators WHERE target='cuda' AND registers > 0").fetchone()[0] == 5
-    assert conn.execute("SELECT COUNT(*) FROM corun").fetchone()[0] >= 1
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM operators WHERE target='cuda' AND registers > 0").fetchone()[0] == 5
+        assert conn.execute("SELECT COUNT(*) FROM corun").fetchone()[0] >= 1
