@@ -46,7 +46,7 @@ def bench_model(name: str, batch: int, args) -> dict:
 
     from opbench.ir import extract_operators
     from opbench.models import load_workload
-    from opbench.parallel import TorchBackend, TVMBackend, evaluate, table_rows
+    from opbench.parallel import TorchBackend, TVMBackend, critical_path, evaluate, table_rows
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
     from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
@@ -95,19 +95,23 @@ def bench_model(name: str, batch: int, args) -> dict:
     vm_config = TimingConfig(repeat=args.repeat, number=args.number, min_repeat_ms=0)
     res["tvm_vm_ms"] = time_evaluator(vm, "main", built.device, inputs, vm_config).median * 1e3
     resources = CudaProfiler().resources(kernels)
-    backends = {"tvm": TVMBackend(kernels, w.example_inputs(), resources),
-                "torch": TorchBackend(module, [x]), "torch+foldbn": TorchBackend(module, [x], fold_bn=True)}
+    makers = {"tvm": lambda: TVMBackend(kernels, w.example_inputs(), resources),
+              "torch": lambda: TorchBackend(module, [x]),
+              "torch+foldbn": lambda: TorchBackend(module, [x], fold_bn=True)}
+    backends = {label: makers[label]() for label in args.backends.split(",")}
     host_ref = [ref.detach().float().cpu().numpy()]
     for label, backend in backends.items():
         t = time.perf_counter()
         kept, rows = evaluate(backend, schedulers, reference=host_ref, repeat=args.repeat, number=args.number)
+        # the longest chain of these kernels, timed alone: no schedule can be faster
+        bound = critical_path(backend, args.repeat, args.number)
         res[f"ours_{label}"] = {"ops": len(backend.graph), "kept": kept.name,
-                                "rows": table_rows(rows),
+                                "rows": table_rows(rows), "critical_path": bound,
                                 "seconds": time.perf_counter() - t}
         print(f"  {name}:{batch} {label} done ({time.perf_counter() - t:.0f} s)", flush=True)
-    for sname in ("sequential", "greedy", "nimble", "opara"):  # scheduling time alone, torch graph
+    for sname in ("sequential", "greedy", "nimble", "opara"):  # scheduling time alone, largest graph
         t = time.perf_counter()
-        get_scheduler(sname).schedule(backends["torch"].graph)
+        get_scheduler(sname).schedule(max((b.graph for b in backends.values()), key=len))
         scheds_time[sname] = (time.perf_counter() - t) * 1e3
     res["scheduling_ms_torch_graph"] = scheds_time
     return res
@@ -123,30 +127,37 @@ def environment() -> dict:
     return {**tags, "torch": torch.__version__, "tvm": tvm.__version__, "date": time.strftime("%Y-%m-%d")}
 
 
-def _kept(result: dict, label: str) -> tuple[float, float, str]:
-    """(sequential ms, kept schedule ms, kept schedule name) of one backend."""
-    rows = result[f"ours_{label}"]["rows"]
-    kept = next(x for x in rows if x["kept"])
-    return rows[0]["latency_ms"], kept["latency_ms"], kept["schedule"]
+def _kept(result: dict, label: str) -> tuple[float, float, float, str]:
+    """(sequential ms, kept schedule ms, critical-path chain ms, kept name) of one backend; NaN if not run."""
+    nan = float("nan")
+    if f"ours_{label}" not in result:
+        return nan, nan, nan, "-"
+    ours = result[f"ours_{label}"]
+    kept = next(x for x in ours["rows"] if x["kept"])
+    chain = ours.get("critical_path", {}).get("chain_ms", nan)
+    return ours["rows"][0]["latency_ms"], kept["latency_ms"], chain, kept["schedule"]
 
 
 def table(results: list) -> str:
+    """One line per model. ``VM/tvmCP`` is the most any schedule of the TVM kernels could reach over the VM."""
     head = (f"{'model':<18}{'eager':>8}{'seqGraph':>9}{'compile':>9}{'tvmVM':>8}{'tvmSeq':>8}{'tvmBest':>8}"
-            f"{'trSeq':>8}{'trBest':>8}{'foldBest':>9}  best/seqGraph  tvmBest/VM  kept")
+            f"{'tvmCP':>8}{'trSeq':>8}{'trBest':>8}{'trCP':>8}{'foldBest':>9}"
+            f"  best/seqGraph  tvmBest/VM  VM/tvmCP  kept")
     lines = [head]
     for r in results:
         if "error" in r:
             lines.append(f"{r['model']}:{r['batch']} FAILED {r['error'][:80]}")
             continue
-        tvm_seq, tvm_best, tvm_k = _kept(r, "tvm")
-        tr_seq, tr_best, tr_k = _kept(r, "torch")
-        f_seq, f_best, f_k = _kept(r, "torch+foldbn")
-        ours = min(tr_best, f_best)
+        tvm_seq, tvm_best, tvm_cp, tvm_k = _kept(r, "tvm")
+        tr_seq, tr_best, tr_cp, tr_k = _kept(r, "torch")
+        f_seq, f_best, _, f_k = _kept(r, "torch+foldbn")
+        ours = min(tr_best, f_best) if f_best == f_best else tr_best
         lines.append(
             f"{r['model'] + ':' + str(r['batch']):<18}{r['pytorch_eager_ms']:>8.3f}{r['pytorch_cuda_graph_ms']:>9.3f}"
             f"{r.get('torch_compile_ms', float('nan')):>9.3f}{r['tvm_vm_ms']:>8.3f}{tvm_seq:>8.3f}{tvm_best:>8.3f}"
-            f"{tr_seq:>8.3f}{tr_best:>8.3f}{f_best:>9.3f}  {r['pytorch_cuda_graph_ms'] / ours:>12.2f}x"
-            f"  {r['tvm_vm_ms'] / tvm_best:>9.2f}x  tvm:{tvm_k} torch:{tr_k} fold:{f_k}")
+            f"{tvm_cp:>8.3f}{tr_seq:>8.3f}{tr_best:>8.3f}{tr_cp:>8.3f}{f_best:>9.3f}"
+            f"  {r['pytorch_cuda_graph_ms'] / ours:>12.2f}x  {r['tvm_vm_ms'] / tvm_best:>9.2f}x"
+            f"  {r['tvm_vm_ms'] / tvm_cp:>7.2f}x  tvm:{tvm_k} torch:{tr_k} fold:{f_k}")
     return "\n".join(lines)
 
 
@@ -158,6 +169,8 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--ios-limit", type=float, default=20.0)
     parser.add_argument("--name", default="bench_parallel.json")
+    parser.add_argument("--backends", default="tvm,torch,torch+foldbn",
+                        help="comma-separated kernel backends: tvm, torch, torch+foldbn")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)

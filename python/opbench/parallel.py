@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
-from .runtime.executor import ParallelExecutor, median
+from .runtime.executor import ParallelExecutor, median, time_ops
 from .runtime.kernels import relative_error
 from .schedule import CostModel, Schedule, get_scheduler
 
-__all__ = ["TVMBackend", "TorchBackend", "capturer", "evaluate", "optimize", "table_rows", "tvm_backend"]
+__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "optimize", "table_rows",
+           "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -84,6 +85,37 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDUL
     for row in rows:
         row["kept"] = row is best
     return best["plan"], rows
+
+
+def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20) -> dict[str, Any]:
+    """The longest dependency chain of ``backend``'s kernels and its measured time.
+
+    Every operator is timed alone; the longest path by those times is then timed as a chain (its
+    operators alone, one after another, in one CUDA Graph on the GPU). No schedule of these kernels
+    can finish before that chain does, so ``chain_ms`` bounds every schedule's latency from below
+    (concurrent kernels only slow each other down) and ``sequential / chain_ms`` bounds the speedup.
+
+    Returns ``ops`` (the path), ``chain_ms``, ``path_ms`` (sum of the path's alone-times) and
+    ``sum_ms`` (all operators' alone-times).
+    """
+    graph = backend.graph
+    alone = [median(time_ops(backend, [op], repeat, number)) for op in range(len(graph))]
+    finish = [0.0] * len(graph)
+    came_from: list[int | None] = [None] * len(graph)
+    for op in range(len(graph)):  # operator indices are a topological order
+        preds = graph.preds(op)
+        if preds:
+            came_from[op] = max(preds, key=lambda p: finish[p])
+            finish[op] = finish[came_from[op]]
+        finish[op] += alone[op]
+    last: int | None = max(range(len(graph)), key=lambda op: finish[op])
+    path: list[int] = []
+    while last is not None:
+        path.append(last)
+        last = came_from[last]
+    path.reverse()
+    return {"ops": path, "chain_ms": median(time_ops(backend, path, repeat, number)) * 1e3,
+            "path_ms": sum(alone[op] for op in path) * 1e3, "sum_ms": sum(alone) * 1e3}
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:

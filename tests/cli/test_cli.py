@@ -166,7 +166,11 @@ def test_ifcompare_prints_the_table(tmp_path):
 
     kept = Schedule.load(sched)
     assert kept.name in names and len(kept.stream_of) == 7
-    assert len(json.loads((tmp_path / "s.json").read_text())["compare"]) == 5
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert [r["schedule"] for r in summary["schedules"]] == names
+    bound = summary["critical_path"]
+    assert bound["ops"] and 0 < bound["path_ms"] <= bound["sum_ms"]
+    assert any(x.startswith(f"critical path: {len(bound['ops'])} operators") for x in lines)
 
 
 def test_compare_command_errors(tmp_path):

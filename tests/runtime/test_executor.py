@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from opbench.models import load_workload
-from opbench.parallel import DEFAULT_SCHEDULERS, capturer, evaluate, tvm_backend
+from opbench.parallel import DEFAULT_SCHEDULERS, capturer, critical_path, evaluate, tvm_backend
 from opbench.runtime.executor import ParallelExecutor
 from opbench.schedule import get_scheduler
 
@@ -96,3 +98,41 @@ def test_capturer_falls_back_for_unexportable_model(caplog):
         run = capturer([torch.ones(3)], model)
     assert run is model
     assert "torch.export failed for DataDependent" in caplog.text and "unscheduled" in caplog.text
+
+
+class _SleepBackend:
+    """A fake CPU backend: operator ``i`` sleeps ``cost[i]`` seconds (known critical path)."""
+
+    is_cuda = False
+
+    def __init__(self, preds: list[list[int]], cost: list[float]) -> None:
+        self._preds, self.cost, self.launched = preds, cost, []
+        self.graph = self
+
+    def __len__(self) -> int:
+        return len(self._preds)
+
+    def preds(self, index: int) -> list[int]:
+        return self._preds[index]
+
+    def launch(self, index: int) -> None:
+        self.launched.append(index)
+        time.sleep(self.cost[index])
+
+
+def test_critical_path_known_answer():
+    # 0 -> {1, 2}; 1 -> 3; 2 -> 4; {3, 4} -> 5: the heavy chain is 0-2-4-5 (1+6+4+1 ms), not 0-1-3-5 (1+2+2+1)
+    backend = _SleepBackend([[], [0], [0], [1], [2], [3, 4]], [0.001, 0.002, 0.006, 0.002, 0.004, 0.001])
+    result = critical_path(backend, repeat=3, number=10)
+    assert result["ops"] == [0, 2, 4, 5]
+    assert 12.0 <= result["chain_ms"] < 18.0 and 12.0 <= result["path_ms"] < 18.0
+    assert 16.0 <= result["sum_ms"] < 24.0
+    assert backend.launched[-4:] == [0, 2, 4, 5]  # the chain itself was run and timed
+
+
+def test_critical_path_of_tvm_kernels_is_a_dependency_chain(branchy_backend):
+    result = critical_path(branchy_backend, repeat=2, number=10)
+    path, graph = result["ops"], branchy_backend.graph
+    assert not graph.preds(path[0]) and not graph.succs(path[-1])
+    assert all(a in graph.preds(b) for a, b in zip(path, path[1:], strict=False))
+    assert 0 < result["path_ms"] <= result["sum_ms"]

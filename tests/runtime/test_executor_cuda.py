@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opbench.models import load_workload
-from opbench.parallel import DEFAULT_SCHEDULERS, capturer, evaluate, tvm_backend
+from opbench.parallel import DEFAULT_SCHEDULERS, capturer, critical_path, evaluate, tvm_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -20,6 +20,12 @@ def test_tvm_backend_all_schedules_on_cuda():
     assert [r["schedule"] for r in rows] == list(DEFAULT_SCHEDULERS)
     assert all(r["error"] < 1e-5 for r in rows)
     assert max(r["streams"] for r in rows) > 1
+    bound = critical_path(backend, repeat=3, number=10)
+    path = bound["ops"]
+    assert all(a in backend.graph.preds(b) for a, b in zip(path, path[1:], strict=False))
+    # no schedule beats its own critical path (beyond timing noise)
+    assert bound["chain_ms"] <= 1.1 * min(r["latency_ms"] for r in rows)
+    assert 0 < bound["path_ms"] < bound["sum_ms"]
 
 
 def test_capturer_on_cuda_equals_model():

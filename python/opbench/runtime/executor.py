@@ -142,3 +142,37 @@ class ParallelExecutor:
 
 def median(samples: Sequence[float]) -> float:
     return statistics.median(samples)
+
+
+def time_ops(backend: KernelBackend, ops: Sequence[int], repeat: int = 10, number: int = 20) -> list[float]:
+    """Seconds per run of ``ops`` launched one after another on one stream (nothing else).
+
+    On the GPU the launches are captured in their own CUDA Graph and timed with CUDA events; the
+    other operators' buffers keep whatever they hold, which does not change a kernel's time.
+    """
+    ops = list(ops)
+    if not backend.is_cuda:
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(max(1, number // 10)):
+                for op in ops:
+                    backend.launch(op)
+            samples.append((time.perf_counter() - start) / max(1, number // 10))
+        return samples
+    import torch
+
+    from ..profile.timer import cuda_event_samples
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with backend.on_stream(stream):  # warm-up outside the capture
+        for op in ops:
+            backend.launch(op)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), backend.on_stream(torch.cuda.current_stream()):
+        for op in ops:
+            backend.launch(op)
+    return cuda_event_samples(graph.replay, repeat, number)
