@@ -20,8 +20,8 @@ from .runtime.executor import ParallelExecutor, median, time_ops
 from .runtime.kernels import relative_error
 from .schedule import CostModel, Schedule, get_scheduler
 
-__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "optimize", "table_rows",
-           "tvm_backend"]
+__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "operator_latencies", "optimize",
+           "table_rows", "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -49,12 +49,15 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDUL
              tolerance: float = 0.02) -> tuple[Schedule, list[dict[str, Any]]]:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
 
-    The first scheduler must be ``sequential`` (the baseline and the fallback). ``error`` is the
+    The first scheduler must be ``sequential`` (the baseline and the fallback). Without ``cost``,
+    the schedulers' cost model uses every operator's measured time (:func:`operator_latencies`) and
+    the backend's kernel resources. ``error`` is the
     output's relative error against ``reference`` (default: the sequential outputs); a schedule is
     only kept if its output equals the sequential run of the same kernels (``sched_error`` within
     1e-5): scheduling must not change results, while different kernels (TVM vs cuDNN, TF32) may.
     """
-    cost = cost or CostModel(backend.graph, resources=backend.resources)
+    if cost is None:
+        cost = CostModel(backend.graph, operator_latencies(backend, repeat, number), resources=backend.resources)
     rows: list[dict[str, Any]] = []
     sequential_out: list[np.ndarray] | None = None
     for item in schedulers:
@@ -87,19 +90,26 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDUL
     return best["plan"], rows
 
 
-def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20) -> dict[str, Any]:
+def operator_latencies(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
+    """Seconds per operator, each run alone (median; its own CUDA Graph on the GPU)."""
+    return [median(time_ops(backend, [op], repeat, number)) for op in range(len(backend.graph))]
+
+
+def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
+                  latencies: Sequence[float] | None = None) -> dict[str, Any]:
     """The longest dependency chain of ``backend``'s kernels and its measured time.
 
-    Every operator is timed alone; the longest path by those times is then timed as a chain (its
-    operators alone, one after another, in one CUDA Graph on the GPU). No schedule of these kernels
-    can finish before that chain does, so ``chain_ms`` bounds every schedule's latency from below
-    (concurrent kernels only slow each other down) and ``sequential / chain_ms`` bounds the speedup.
+    Every operator is timed alone (or ``latencies`` are taken as those times); the longest path by
+    those times is then timed as a chain (its operators alone, one after another, in one CUDA Graph
+    on the GPU). Any schedule runs that chain in order, so ``chain_ms`` bounds every schedule's
+    latency from below (concurrent kernels only slow each other down) and ``sequential / chain_ms``
+    bounds the speedup. The chain can run slower than the sum of its alone-times (``path_ms``): a
+    kernel repeated alone finds its weights in L2.
 
-    Returns ``ops`` (the path), ``chain_ms``, ``path_ms`` (sum of the path's alone-times) and
-    ``sum_ms`` (all operators' alone-times).
+    Returns ``ops`` (the path), ``chain_ms``, ``path_ms`` and ``sum_ms`` (all alone-times).
     """
     graph = backend.graph
-    alone = [median(time_ops(backend, [op], repeat, number)) for op in range(len(graph))]
+    alone = list(latencies) if latencies is not None else operator_latencies(backend, repeat, number)
     finish = [0.0] * len(graph)
     came_from: list[int | None] = [None] * len(graph)
     for op in range(len(graph)):  # operator indices are a topological order
