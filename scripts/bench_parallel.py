@@ -174,6 +174,9 @@ def main() -> int:
     parser.add_argument("--backends", default="tvm,torch,torch+foldbn",
                         help="comma-separated kernel backends: tvm, torch, torch+foldbn")
     args = parser.parse_args()
+    unknown = set(args.backends.split(",")) - {"tvm", "torch", "torch+foldbn"}
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(sorted(unknown))} (accepted: tvm, torch, torch+foldbn)")
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     import torch
