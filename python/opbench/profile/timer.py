@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,4 +110,17 @@ def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3,
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3 / number)
+    return samples
+
+
+def wall_samples(fn: Any, repeat: int, number: int, warmup: int = 0) -> list[float]:
+    """Seconds per call of ``fn`` on the host clock: ``repeat`` samples, each ``number`` calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
     return samples

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -124,20 +123,13 @@ class ParallelExecutor:
 
     def time(self, repeat: int = 10, number: int = 20) -> list[float]:
         """Seconds per run: ``repeat`` samples of ``number`` back-to-back runs (CUDA events on GPU)."""
-        if self.backend.is_cuda:
-            from ..profile.timer import cuda_event_samples
+        from ..profile.timer import cuda_event_samples, wall_samples
 
-            if self.cuda_graph is None:
-                self.capture()
-            return cuda_event_samples(self.cuda_graph.replay, repeat, number)
-        self.run()
-        samples = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            for _ in range(max(1, number // 10)):
-                self.run()
-            samples.append((time.perf_counter() - t) / max(1, number // 10))
-        return samples
+        if not self.backend.is_cuda:  # CPU runs are slow: a tenth as many per sample
+            return wall_samples(self.run, repeat, max(1, number // 10), warmup=1)
+        if self.cuda_graph is None:
+            self.capture()
+        return cuda_event_samples(self.cuda_graph.replay, repeat, number)
 
 
 def median(samples: Sequence[float]) -> float:
@@ -150,29 +142,25 @@ def time_ops(backend: KernelBackend, ops: Sequence[int], repeat: int = 10, numbe
     On the GPU the launches are captured in their own CUDA Graph and timed with CUDA events; the
     other operators' buffers keep whatever they hold, which does not change a kernel's time.
     """
-    ops = list(ops)
-    if not backend.is_cuda:
-        samples = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for _ in range(max(1, number // 10)):
-                for op in ops:
-                    backend.launch(op)
-            samples.append((time.perf_counter() - start) / max(1, number // 10))
-        return samples
-    import torch
+    from ..profile.timer import cuda_event_samples, wall_samples
 
-    from ..profile.timer import cuda_event_samples
+    ops = list(ops)
+
+    def launch_all() -> None:
+        for op in ops:
+            backend.launch(op)
+
+    if not backend.is_cuda:
+        return wall_samples(launch_all, repeat, max(1, number // 10))
+    import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with backend.on_stream(stream):  # warm-up outside the capture
-        for op in ops:
-            backend.launch(op)
+        launch_all()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), backend.on_stream(torch.cuda.current_stream()):
-        for op in ops:
-            backend.launch(op)
+        launch_all()
     return cuda_event_samples(graph.replay, repeat, number)
