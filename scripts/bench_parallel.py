@@ -46,11 +46,11 @@ def bench_model(name: str, batch: int, args) -> dict:
 
     from opbench.ir import extract_operators
     from opbench.models import load_workload
-    from opbench.parallel import TorchBackend, TVMBackend, critical_path, evaluate, operator_latencies, table_rows
+    from opbench.parallel import TorchBackend, TVMBackend, evaluate_with_bound, table_rows
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
     from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
-    from opbench.schedule import IOS, CostModel, get_scheduler
+    from opbench.schedule import IOS, get_scheduler
 
     res: dict = {"model": name, "batch": batch}
     w = load_workload("local", name, batch)
@@ -102,11 +102,8 @@ def bench_model(name: str, batch: int, args) -> dict:
     host_ref = [ref.detach().float().cpu().numpy()]
     for label, backend in backends.items():
         t = time.perf_counter()
-        latencies = operator_latencies(backend, args.repeat, args.number)  # the schedulers' cost model
-        cost = CostModel(backend.graph, latencies, resources=backend.resources)
-        kept, rows = evaluate(backend, schedulers, cost, reference=host_ref, repeat=args.repeat, number=args.number)
-        # the longest chain of these kernels, timed alone: no schedule can be faster
-        bound = critical_path(backend, args.repeat, args.number, latencies)
+        # bound: the longest chain of these kernels, timed alone; no schedule can be faster
+        kept, rows, bound = evaluate_with_bound(backend, schedulers, host_ref, args.repeat, args.number)
         res[f"ours_{label}"] = {"ops": len(backend.graph), "kept": kept.name,
                                 "rows": table_rows(rows), "critical_path": bound,
                                 "seconds": time.perf_counter() - t}

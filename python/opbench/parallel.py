@@ -20,8 +20,8 @@ from .runtime.executor import ParallelExecutor, median, time_ops
 from .runtime.kernels import relative_error
 from .schedule import CostModel, Schedule, get_scheduler
 
-__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "operator_latencies", "optimize",
-           "table_rows", "tvm_backend"]
+__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "evaluate_with_bound",
+           "operator_latencies", "optimize", "table_rows", "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -126,6 +126,19 @@ def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
     path.reverse()
     return {"ops": path, "chain_ms": median(time_ops(backend, path, repeat, number)) * 1e3,
             "path_ms": sum(alone[op] for op in path) * 1e3, "sum_ms": sum(alone) * 1e3}
+
+
+def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
+                        reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
+                        tolerance: float = 0.02) -> tuple[Schedule, list[dict[str, Any]], dict[str, Any]]:
+    """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' times.
+
+    Returns the kept schedule, the table, and the critical path that bounds every row.
+    """
+    latencies = operator_latencies(backend, repeat, number)
+    cost = CostModel(backend.graph, latencies, resources=backend.resources)
+    kept, rows = evaluate(backend, schedulers, cost, reference, repeat, number, tolerance)
+    return kept, rows, critical_path(backend, repeat, number, latencies)
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:

@@ -251,18 +251,14 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
 
 def _compare(backend: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Schedules side by side, then the critical path that bounds them all; the table as JSON."""
-    from ..parallel import critical_path, evaluate, format_comparison, operator_latencies, table_rows
-    from ..schedule import CostModel
+    from ..parallel import evaluate_with_bound, format_comparison, table_rows
 
-    names = _scheduler_names(args)
-    latencies = operator_latencies(backend, args.compare_repeat, args.compare_number)
-    cost = CostModel(backend.graph, latencies, resources=backend.resources)
-    kept, rows = evaluate(backend, names, cost, repeat=args.compare_repeat, number=args.compare_number)
+    kept, rows, bound = evaluate_with_bound(backend, _scheduler_names(args), repeat=args.compare_repeat,
+                                            number=args.compare_number)
     how = "CUDA Graph" if backend.is_cuda else "threads"
     print(f"\n{backend.name} kernels, {len(backend.graph)} operators ({how}):")
     print(format_comparison(rows))
     print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)")
-    bound = critical_path(backend, args.compare_repeat, args.compare_number, latencies)
     print(f"critical path: {len(bound['ops'])} operators, {bound['chain_ms']:.4f} ms run alone; no schedule of "
           f"these kernels is faster (at most {rows[0]['latency_ms'] / bound['chain_ms']:.2f}x over sequential)")
     if args.save_schedule:
