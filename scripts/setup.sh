@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-if ! .venv/bin/python -c 'import opbench, tvm, tvm_ffi, torch, torchvision, transformers, pytest' 2>/dev/null; then
+if ! .venv/bin/python -c 'import opbench, tvm, tvm_ffi, torch, torchvision, transformers, pytest, pyarrow' 2>/dev/null || [ ! -x .venv/bin/ruff ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch/torchvision first: with these exact versions pip takes the local copies where there are some
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"

@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "python" / "performance_collector" / "op_performance_collector.py"
+FAST = ["--repeat", "2", "--min-repeat-ms", "1", "--quiet"]
+SMALL = "branchy:branches=2,depth=2,channels=4,size=6"
+
+
+def run(*args: str, script: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    cmd = [sys.executable, str(SCRIPT), *args] if script else \
+        [sys.executable, "-m", "opbench", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def count_rows(path: Path, table: str = "operators") -> int:
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
 
 
 def replay_vs_vm(workload: Any, target: Any) -> tuple[float, list[Any], Any]:

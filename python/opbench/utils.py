@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 def parse_bool(text: str | bool) -> bool:
@@ -36,3 +42,25 @@ def parse_kv_options(text: str) -> dict[str, str]:
 def join_names(names: Iterable[str]) -> str:
     """Join names for an error message: ``a, b, c``."""
     return ", ".join(sorted(names))
+
+
+def digest(value: Any) -> str:
+    """A short stable digest of JSON-able data (16 hex digits of SHA-256 over canonical JSON)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def announced(message: str, after_s: float = 1.0) -> Iterator[None]:
+    """Log ``message`` if the block is still running after ``after_s`` seconds.
+
+    Long phases say what they are doing; a quick one that fails (bad input) leaves stderr to its
+    one-line error.
+    """
+    timer = threading.Timer(after_s, logging.getLogger("opbench").info, (message,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -14,4 +14,4 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from opbench.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["collect", *sys.argv[1:]]))
+    sys.exit(main(["collect", *sys.argv[1:]], prog="op_performance_collector.py"))

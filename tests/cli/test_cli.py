@@ -10,36 +10,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import has_gpu
-from helpers import tiny_onnx_bytes
+from helpers import FAST, ROOT, SCRIPT, SMALL, count_rows, run, tiny_onnx_bytes
 from opbench.cli.main import format_table
 from opbench.utils import parse_bool
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "python" / "performance_collector" / "op_performance_collector.py"
-FAST = ["--repeat", "2", "--min-repeat-ms", "1", "--quiet"]
-SMALL = "branchy:branches=2,depth=2,channels=4,size=6"
-
-
-def run(*args: str, script: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    cmd = [sys.executable, str(SCRIPT), *args] if script else \
-        [sys.executable, "-m", "opbench", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-
-
-def count_rows(path: Path, table: str = "operators") -> int:
-    conn = sqlite3.connect(path, timeout=30)
-    try:
-        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +82,26 @@ BAD_INPUTS = [
     (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "maybe"], "'maybe' is not a boolean"),
     (["--modelsource", "simple", "--modelname", "matmul", "--tuner", "magic"], "unknown tuner 'magic'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--trials", "-3"], "'-3' is not a positive integer"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--min-repeat-ms", "nan"], "'nan' is not a finite number"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--min-repeat-ms", "inf"], "'inf' is not a finite number"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--min-repeat-ms", "-1"], "'-1' is not a finite number"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--seed", "-1"], "'-1' is not a non-negative integer"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--warmup", "-5"], "'-5' is not a non-negative integer"),
+    (["--modelsource", "simple", "--modelname", "mat\nmul"], "model name 'mat\\nmul' contains a control"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--batchsize", "100000"], "GiB of memory, more than"),
+    (["--modelsource", "simple", "--modelname", "matmul:n=1000000"], "GiB of memory, more than"),
+    (["--modelsource", "local", "--modelname", "resnet-18", "--image-size", "100000"], "GiB of memory, more than"),
+    (["--modelsource", "simple", "--modelname", "matmul:n=x"], "option n=x must be a positive integer"),
+    (["--modelsource", "remoteonnx", "--modelname", "http://127.0.0.1:9/m.onnx", "--sha256", "../../x"],
+     "bad --sha256 '../../x'"),
+    (["--modelsource", "remoteonnx", "--modelname", "http://127.0.0.1:9/a b.onnx"], "spaces or control characters"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--target", '{"kind":"llvm"'], "bad target JSON"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--json", "/nonexistent/dir/s.json"],
+     "--json '/nonexistent/dir/s.json': folder '/nonexistent/dir' does not exist"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--json", "/tmp"], "--json '/tmp' is a folder"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--save-schedule", "/nonexistent/k.json"],
+     "--save-schedule '/nonexistent/k.json'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--max-download-mb", "nan"], "'nan' is not a finite"),
 ]
 
 
@@ -114,7 +111,8 @@ def test_bad_input_one_line_exit_2(args, message, populated, tmp_path):
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     proc = run(*args, "--dataset", str(path), "--cache-dir", str(tmp_path))
     assert proc.returncode == 2
-    err_lines = [x for x in proc.stderr.splitlines() if x.startswith("opbench: error:")]
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr  # one line, nothing else
+    err_lines = [x for x in proc.stderr.splitlines() if x.startswith("op_performance_collector.py: error:")]
     assert len(err_lines) == 1 and message in err_lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # dataset untouched
@@ -217,11 +215,13 @@ def test_resume_after_kill(tmp_path):
 def test_export_and_models_commands(populated, tmp_path):
     path, _ = populated
     out = tmp_path / "ops.csv"
-    proc = run("export", "--dataset", str(path), "--format", "csv", "--out", str(out), script=False)
+    proc = run("export", "--dataset", str(path), "--table", "operators", "--out", str(out), script=False)
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().strip().splitlines()) == 1 + 7
     bad = run("export", "--dataset", str(path), "--format", "xls", "--out", str(out), script=False)
     assert bad.returncode == 2 and "unknown export format 'xls'" in bad.stderr
+    bad = run("export", "--dataset", str(path), "--out", str(tmp_path / "no" / "x.csv"), script=False)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
     models = run("models", script=False)
     assert models.returncode == 0 and "local:" in models.stdout and "resnet-18" in models.stdout
 

@@ -1,21 +1,33 @@
-"""The SQLite store: schema, rows, resume keys, export."""
+"""The SQLite store: schema v2, honest keys, safe opening, migration from v1, typed export and loading."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import sqlite3
+import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from opbench import OpBenchError
-from opbench.dataset import SCHEMA_VERSION, Dataset, export, model_key
+from opbench.dataset import SCHEMA_VERSION, Dataset, export, load, model_key
+from opbench.dataset.migrate import _V1
+
+KEY = model_key("w" * 16, "d" * 16, source="simple", model="m", batch_size=1, target='{"kind":"llvm"}')
 
 
-def _row(i: int, status: str = "ok") -> dict:
-    return {**model_key("simple", "m", 1, "llvm"), "op_index": i, "func": f"f{i}", "kind": "conv2d",
+def _row(i: int, status: str = "ok", key: dict | None = None) -> dict:
+    return {**(key or KEY), "op_index": i, "func": f"f{i}", "kind": "conv2d",
             "ops": ["nn.conv2d"], "attrs": {"strides": [1, 1]}, "flops": 10.0 * i,
-            "latency_median_s": 1e-3 * (i + 1), "status": status}
+            "input_shapes": [[1, 3, 8, 8], [4, 3, 3, 3]], "preds": list(range(i)),
+            "latency_median_s": 1e-3 * (i + 1), "status": status, "measured_at": "2026-11-22T06:00:00+00:00"}
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_rows_written_and_read(tmp_path):
@@ -28,68 +40,262 @@ def test_rows_written_and_read(tmp_path):
     # a fresh connection (another process) sees every row: each put committed
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
-        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "2" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
-        rows = ds.rows("operators", model_key("simple", "m", 1, "llvm"))
+        rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
     assert [r["op_index"] for r in rows] == [0, 1, 2]
     assert rows[1]["ops"] == '["nn.conv2d"]' and rows[2]["flops"] == 20.0
 
 
-def test_has_and_replace(tmp_path):
+def test_has_and_replace_by_every_key_column(tmp_path):
     with Dataset(tmp_path / "d.sqlite") as ds:
-        key = {**model_key("simple", "m", 1, "llvm"), "op_index": 0}
+        key = {**KEY, "op_index": 0}
         assert not ds.has("operators", key)
         ds.put("operators", _row(0, status="failed"))
         assert not ds.has("operators", key)  # failed rows are measured again
         ds.put("operators", _row(0))
         assert ds.has("operators", key)
         assert ds.count("operators") == 1  # replaced, not duplicated
-        assert not ds.has("operators", {**key, "target": "cuda"})
+        for column, other in [("workload_id", "x" * 16), ("device_id", "y" * 16), ("config", "db:abc"),
+                              ("l2_flush", 1)]:
+            assert not ds.has("operators", {**key, column: other})
+            ds.put("operators", _row(0, key={**KEY, column: other}))
+        assert ds.count("operators") == 5  # four variants beside the first row
 
 
-def test_unknown_column_rejected(tmp_path):
-    with Dataset(tmp_path / "d.sqlite") as ds, pytest.raises(KeyError, match="nonsense"):
-        ds.put("operators", {**_row(0), "nonsense": 1})
+def test_unknown_or_missing_key_column_rejected(tmp_path):
+    with Dataset(tmp_path / "d.sqlite") as ds:
+        with pytest.raises(KeyError, match="nonsense"):
+            ds.put("operators", {**_row(0), "nonsense": 1})
+        with pytest.raises(KeyError, match="device_id"):
+            ds.put("operators", {k: v for k, v in _row(0).items() if k != "device_id"})
 
 
-def test_schema_version_mismatch(tmp_path):
-    path = tmp_path / "d.sqlite"
+def _v1_file(path: Path) -> None:
+    """A dataset as version 1 wrote it, with one row in each table."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        conn.execute("CREATE TABLE runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT, "
+                     "finished_at TEXT, status TEXT, command TEXT, env TEXT)")
+        for table in ("operators", "models", "corun"):
+            cols = ", ".join(c for c in _V1[table] if c != "id")
+            conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("INSERT INTO runs (started_at, status, command, env) VALUES ('2026-11-21T00:00:00+00:00', "
+                     "'ok', 'opbench collect', '{}')")
+        v1key = ("simple", "branchy:branches=2", 1, "llvm", "default")
+        conn.execute("INSERT INTO operators (run_id, source, model, batch_size, target, config, op_index, kind, "
+                     "latency_median_s, l2_flush, cpu_model, status, ops) VALUES (1, ?, ?, ?, ?, ?, 0, 'conv2d', "
+                     "0.5, 0, 'Some CPU', 'ok', '[\"nn.conv2d\"]')", v1key)
+        conn.execute("INSERT INTO models (run_id, source, model, batch_size, target, config, num_ops, "
+                     "vm_latency_median_s, cpu_model, status) VALUES (1, ?, ?, ?, ?, ?, 1, 0.7, 'Some CPU', 'ok')",
+                     v1key)
+        conn.commit()
+
+
+def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
+    path = tmp_path / "old.sqlite"
+    _v1_file(path)
+    before = sha(path)
+    with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
+        assert ds.schema_version() == 2
+        (op,) = ds.rows("operators")
+        (model,) = ds.rows("models")
+    backup = tmp_path / "old.sqlite.v1-backup"
+    assert sha(backup) == before  # the backup is the original, byte for byte
+    assert [r.message for r in caplog.records if "migrated" in r.message] == [
+        f"migrated dataset {path} from schema version 1 to 2; the original is kept as {backup}"]
+    assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
+    assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
+    assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    assert meta == {"schema_version": "2", "migrated_from": "1"}
+    # a v2 key can never be one of these: migrated workloads are marked
+    with Dataset(path) as ds:
+        assert not ds.has("operators", {**KEY, "op_index": 0})
+
+
+def test_readonly_open_of_v1_migrates_in_memory_only(tmp_path):
+    path = tmp_path / "old.sqlite"
+    _v1_file(path)
+    before = sha(path)
+    frame = load(path, "operators")
+    assert len(frame) == 1 and frame["latency_median_s"].iloc[0] == 0.5
+    export(path, None, tmp_path / "x.csv", ["operators"])
+    assert sha(path) == before and not (tmp_path / "old.sqlite.v1-backup").exists()
+
+
+def _unrelated(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
+        conn.commit()
+
+
+def _newer(path: Path) -> None:
     Dataset(path).close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
         conn.commit()
-    with pytest.raises(OpBenchError, match="schema version 99"):
-        Dataset(path)
+        conn.execute("PRAGMA journal_mode=DELETE")
 
 
-def test_not_a_database(tmp_path):
-    path = tmp_path / "junk.sqlite"
+def _foreign_column(path: Path) -> None:
+    Dataset(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("ALTER TABLE operators ADD COLUMN secret TEXT")
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.commit()
+
+
+def _foreign_table(path: Path) -> None:
+    Dataset(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE extra (x INTEGER)")
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.commit()
+
+
+def _junk(path: Path) -> None:
     path.write_bytes(b"x" * 4096)
-    with pytest.raises(OpBenchError, match="cannot open dataset"):
+
+
+@pytest.mark.parametrize("make, message", [
+    (_junk, "not an OpBench dataset (not an SQLite file)"),
+    (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
+    (_newer, "schema version 99, newer than this OpBench reads (2)"),
+    (_foreign_column, "table 'operators' has foreign columns secret"),
+    (_foreign_table, "foreign tables: extra"),
+])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_refused_files_are_left_untouched(make, message, readonly, tmp_path):
+    path = tmp_path / "d.sqlite"
+    make(path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    before = sha(path)
+    with pytest.raises(OpBenchError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        Dataset(path, readonly=readonly)
+    assert "\n" not in str(info.value)
+    assert sha(path) == before and sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
+def test_read_only_file(tmp_path):
+    path = tmp_path / "d.sqlite"
+    Dataset(path).close()
+    path.chmod(0o444)
+    with pytest.raises(OpBenchError, match="is read-only"):
+        Dataset(path)
+    assert len(load(path, "runs")) == 0  # reading still works
+
+
+def test_read_only_file_even_as_root(tmp_path, monkeypatch):
+    path = tmp_path / "d.sqlite"
+    Dataset(path).close()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path and mode == os.W_OK
+                        else real(p, mode))
+    with pytest.raises(OpBenchError, match=f"dataset '{path}' is read-only"):
         Dataset(path)
 
 
-def test_export_csv_and_parquet(tmp_path):
+def test_lock_held_longer_than_the_timeout(tmp_path, monkeypatch):
     path = tmp_path / "d.sqlite"
     with Dataset(path) as ds:
+        ds.put("operators", _row(0))
+    monkeypatch.setenv("OPBENCH_DB_TIMEOUT", "0.2")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(OpBenchError, match=r"is locked by another process \(waited 0.2 s") as info:
+            with Dataset(path) as ds:
+                ds.put("operators", _row(1))
+        assert "\n" not in str(info.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with Dataset(path) as ds:
+        assert ds.count("operators") == 1  # the finished row is kept
+
+
+def test_disk_full_is_one_line_and_keeps_rows(tmp_path):
+    path = tmp_path / "d.sqlite"
+    with Dataset(path) as ds:
+        ds.put("operators", _row(0))
+        pages = ds.conn.execute("PRAGMA page_count").fetchone()[0]
+        ds.conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(OpBenchError, match=f"disk full writing dataset '{path}'; rows written so far are kept"):
+            for i in range(1, 200):
+                ds.put("operators", {**_row(i), "error": "x" * 4000})
+    with Dataset(path) as ds:
+        assert ds.count("operators") >= 1
+
+
+def test_concurrent_creation(tmp_path):
+    path = tmp_path / "d.sqlite"
+    errors = []
+
+    def open_it():
+        try:
+            Dataset(path).close()
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def _populated(path: Path) -> None:
+    with Dataset(path) as ds:
+        run = ds.start_run("opbench test", {"cpu_model": "x"})
         for i in range(4):
-            ds.put("operators", _row(i))
-    (csv,) = export(path, "csv", tmp_path / "ops.csv")
+            ds.put("operators", {**_row(i), "run_id": run})
+        ds.finish_run(run, "ok")
+
+
+def test_export_is_read_only_and_typed(tmp_path):
+    path = tmp_path / "d.sqlite"
+    _populated(path)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = sha(path)
+    (csv,) = export(path, None, tmp_path / "ops.csv", ["operators"])
     frame = pd.read_csv(csv)
     assert len(frame) == 4 and list(frame["op_index"]) == [0, 1, 2, 3]
+    assert frame["preds"].iloc[2] == "[0, 1]"  # lists as JSON in CSV
+    files = export(path, "csv", tmp_path / "all.csv")
+    assert [f.name for f in files] == ["all-runs.csv", "all-operators.csv", "all-models.csv", "all-corun.csv"]
+    assert sha(path) == before
     pytest.importorskip("pyarrow")
-    (pq,) = export(path, "parquet", tmp_path / "ops.parquet")
-    assert pd.read_parquet(pq)["flops"].tolist() == [0.0, 10.0, 20.0, 30.0]
-    files = export(path, "csv", tmp_path / "all.csv", ["operators", "models"])
-    assert [f.name for f in files] == ["all-operators.csv", "all-models.csv"]
+    (pq,) = export(path, None, tmp_path / "ops.parquet", ["operators"])
+    loaded = load(path, "operators")
+    from_parquet = pd.read_parquet(pq)
+    assert from_parquet["input_shapes"].iloc[0].tolist()[0].tolist() == [1, 3, 8, 8]
+    assert loaded["input_shapes"].iloc[0] == [[1, 3, 8, 8], [4, 3, 3, 3]]
+    assert loaded["preds"].iloc[3] == [0, 1, 2] and list(from_parquet["preds"].iloc[3]) == [0, 1, 2]
+    assert str(loaded["measured_at"].dtype) == str(from_parquet["measured_at"].dtype) == "datetime64[ms, UTC]"
+    assert frame["ops"].iloc[0] == '["nn.conv2d"]'
+    assert str(loaded["op_index"].dtype) == "Int64" and loaded["flops"].dtype == "float64"
+    assert loaded["attrs"].iloc[0] == '{"strides": [1, 1]}'  # free-form mappings stay JSON text
+    runs = load(path, "runs")
+    assert runs["status"].tolist() == ["ok"] and str(runs["started_at"].dtype) == "datetime64[ms, UTC]"
+    assert sha(path) == before
 
 
 def test_export_errors(tmp_path):
     with pytest.raises(OpBenchError, match="unknown export format 'xlsx'"):
         export(tmp_path / "d.sqlite", "xlsx", tmp_path / "o")
+    with pytest.raises(OpBenchError, match="cannot tell the format of"):
+        export(tmp_path / "d.sqlite", None, tmp_path / "o.xls")
     with pytest.raises(OpBenchError, match="dataset not found"):
         export(tmp_path / "none.sqlite", "csv", tmp_path / "o.csv")
+    assert not (tmp_path / "none.sqlite").exists()
     Dataset(tmp_path / "d.sqlite").close()
     with pytest.raises(OpBenchError, match="unknown table 'ops'"):
         export(tmp_path / "d.sqlite", "csv", tmp_path / "o.csv", ["ops"])

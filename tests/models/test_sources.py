@@ -46,7 +46,8 @@ def test_bad_batch_size(batch):
 def test_simple_shapes_and_batch():
     w = load_workload("simple", "branchy:branches=3,depth=2,channels=8,size=6", 2)
     assert w.inputs[0].shape == (2, 3, 6, 6)
-    assert w.provenance["options"] == {"branches": "3", "depth": "2", "channels": "8", "size": "6"}
+    assert w.provenance["options"] == {"branches": 3, "depth": 2, "channels": 8, "size": 6}
+    assert w.name == "branchy" and w.options == {"branches": 3, "depth": 2, "channels": 8, "size": 6, "seed": 0}
     m = load_workload("simple", "matmul", 1)
     assert m.inputs[0].shape == (1, 1024, 1024)
 
@@ -167,3 +168,42 @@ def test_source_object_passes_through():
     src = get_source("simple")
     assert get_source(src) is src
     assert load_workload(src, "ios_block", 1).source == "simple"
+
+
+def test_fingerprint_canonical_and_honest():
+    """Defaults spelled out or left out give one workload; any option that changes the graph another."""
+    a = load_workload("simple", "branchy:branches=2,depth=2,channels=4,size=6", 1)
+    b = load_workload("simple", "branchy:size=6,channels=4,depth=2,branches=2", 1)
+    assert a.workload_id == b.workload_id
+    plain = load_workload("simple", "matmul:n=32", 1)
+    assert load_workload("simple", "matmul:n=32", 1, seed=0).workload_id == plain.workload_id
+    assert load_workload("simple", "matmul", 1).workload_id == load_workload("simple", "matmul:n=1024", 1).workload_id
+    others = [load_workload("simple", "matmul:n=64", 1), load_workload("simple", "matmul:n=32", 2),
+              load_workload("simple", "matmul:n=32", 1, seed=1)]
+    assert len({plain.workload_id, *(w.workload_id for w in others)}) == 4
+
+
+def test_two_onnx_files_with_one_name_are_two_workloads(tmp_path):
+    for i in (1, 2):
+        (tmp_path / f"d{i}").mkdir()
+        (tmp_path / f"d{i}" / "model.onnx").write_bytes(tiny_onnx_bytes(seed=i))
+    a = load_workload("remoteonnx", str(tmp_path / "d1" / "model.onnx"), 1)
+    b = load_workload("remoteonnx", str(tmp_path / "d2" / "model.onnx"), 1)
+    assert a.name == b.name == "model.onnx"
+    assert a.workload_id != b.workload_id and a.options["sha256"] != b.options["sha256"]
+
+
+@pytest.mark.parametrize("source, name, options", [
+    ("simple", "matmul:n=1000000", {}),
+    ("local", "resnet-18", {"image_size": 100000}),
+    ("simple", "matmul", {"batch": 100000}),
+])
+def test_too_big_for_memory_is_refused_before_allocating(source, name, options):
+    batch = options.pop("batch", 1)
+    with pytest.raises(OpBenchError, match=r"needs about .* GiB of memory, more than the .* GiB available"):
+        load_workload(source, name, batch, **options)
+
+
+def test_model_name_with_control_character():
+    with pytest.raises(OpBenchError, match=r"model name 'mat\\nmul' contains a control character"):
+        load_workload("simple", "mat\nmul", 1)

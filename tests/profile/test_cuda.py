@@ -47,7 +47,8 @@ def test_local_replay_cuda(name, cuda_target):
 
 def _collected(cuda_target, model="ios_block", corun=0):
     from opbench.dataset import Dataset
-    from opbench.profile import CollectOptions, TimingConfig, collect
+    from opbench.pipeline import CollectOptions, collect
+    from opbench.profile import TimingConfig
     from opbench.profile.cuda import CudaProfiler
 
     ds = Dataset(":memory:")
@@ -126,5 +127,5 @@ def test_cli_collect_cuda(tmp_path):
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM operators WHERE target='cuda' AND registers > 0").fetchone()[0] == 5
+        assert conn.execute("SELECT COUNT(*) FROM operators WHERE device='cuda' AND registers > 0").fetchone()[0] == 5
         assert conn.execute("SELECT COUNT(*) FROM corun").fetchone()[0] >= 1

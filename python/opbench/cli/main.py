@@ -1,25 +1,31 @@
 """The ``opbench`` command.
 
-Subcommands: ``collect`` (the default when the first argument is a flag), ``export``, ``models``.
-``python/performance_collector/op_performance_collector.py`` maps OpBench's flags onto
+Subcommands: ``collect`` (the default when the first argument is a flag), ``compare``, ``export``,
+``models``. ``python/performance_collector/op_performance_collector.py`` maps OpBench's flags onto
 ``collect``.
+
+Exit status: 0 ok, 1 runtime failure, 2 usage or bad input, 3 finished with failed operators,
+130 interrupted (Ctrl-C; 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
 import shlex
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
+from .. import __version__, signals
 from ..errors import OpBenchError
-from ..utils import parse_bool
+from ..utils import announced, parse_bool
 
 DEFAULT_DATASET = os.path.join("data", "opbench.sqlite")
 TUNERS = ("xgb", "xgb_knob", "xgb_itervar", "ga", "random", "gridsearch", "evolutionary")
@@ -27,14 +33,31 @@ LATER = {
     "iftune": "--iftune true: schedule tuning with MetaSchedule (every trial kept) is not "
               "implemented in this version yet; run without --iftune to measure default schedules",
 }
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FAILED_OPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+COMMANDS = ("collect", "export", "models", "compare")
+log = logging.getLogger("opbench")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"opbench: error: {message} (see --help)\n")
-        raise SystemExit(2)
+        sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows every default (and no 'default: None')."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def one_line(text: Any) -> str:
+    """``text`` on one line: newlines and other control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def _bool(text: str) -> bool:
@@ -44,98 +67,175 @@ def _bool(text: str) -> bool:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(low: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_nonneg_int = _int_at_least(0, "a non-negative integer")
+
+
+def _nonneg_float(text: str) -> float:
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive integer")
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
     return value
 
 
-def _add_collect(sub: Any) -> None:
-    p = sub.add_parser("collect", help="measure every operator of a model",
-                       description="Measure every operator of a model and write the dataset.")
-    g = p.add_argument_group("OpBench-compatible flags")
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("-q", "--quiet", action="store_true", help="warnings and the summary only: no progress, "
+                   "no table, TVM's own warnings hidden")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug log lines")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, g: Any = None) -> None:
+    g = g or p
     g.add_argument("--modelsource", default="local",
-                   help="local, simple, remoteonnx (path or URL), transformers (default: local)")
+                   help="local, simple, remoteonnx (path or URL), transformers")
     g.add_argument("--modelname", required=True, help="model name, ONNX path/URL (see 'opbench models')")
-    g.add_argument("--target", default="llvm", help="llvm or cuda, or a JSON target (default: llvm)")
-    g.add_argument("--batchsize", default="1", help="batch size (default: 1)")
+    g.add_argument("--target", default="llvm", help="llvm or cuda, or a JSON target such as "
+                   '\'{"kind":"llvm","mcpu":"x86-64"}\'')
+    g.add_argument("--batchsize", default="1", help="batch size")
+    p.add_argument("--image-size", type=_positive_int, default=None,
+                   help="input resolution (local; default: the model's own, 224 or 299)")
+    p.add_argument("--seqlen", type=_positive_int, default=128, help="sequence length (transformers)")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of random weights and inputs")
+    p.add_argument("--sha256", default=None, help="expected SHA-256 of the ONNX file (64 hex digits)")
+    p.add_argument("--cache-dir", default=None, help="download cache for remoteonnx "
+                   "(default: $OPBENCH_CACHE/onnx or ~/.cache/opbench/onnx)")
+    p.add_argument("--max-download-mb", type=_nonneg_float, default=None,
+                   help="refuse ONNX downloads larger than this (default: $OPBENCH_MAX_DOWNLOAD_MB or 2048)")
+
+
+def _add_collect(sub: Any, prog: str | None = None) -> None:
+    p = sub.add_parser("collect", help="measure every operator of a model", formatter_class=_Formatter,
+                       description="Measure every operator of a model and write the dataset.", **(
+                           {"prog": prog} if prog else {}))
+    g = p.add_argument_group("OpBench-compatible flags")
+    _add_model_flags(p, g)
     g.add_argument("--iftune", type=_bool, default=False, help="tune schedules (true/false)")
     g.add_argument("--ifcompare", type=_bool, default=False, help="compare parallel schedules (true/false)")
     g.add_argument("--tuner", default="xgb", help=f"tuner ({', '.join(TUNERS)})")
     g.add_argument("--trials", type=_positive_int, default=64, help="tuning trials per task")
-    p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: {DEFAULT_DATASET})")
+    p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
     p.add_argument("--force", action="store_true", help="re-measure rows already in the dataset")
     p.add_argument("--repeat", type=_positive_int, default=10, help="timed samples per operator")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
-    p.add_argument("--min-repeat-ms", type=float, default=5.0, help="minimum duration of a sample")
-    p.add_argument("--flush-l2", action="store_true", help="flush caches before every sample")
-    p.add_argument("--seqlen", type=_positive_int, default=128, help="sequence length (transformers)")
-    p.add_argument("--image-size", type=_positive_int, default=None, help="input resolution (local)")
-    p.add_argument("--sha256", default=None, help="expected checksum of the ONNX file")
-    p.add_argument("--cache-dir", default=None, help="download cache for remoteonnx")
-    p.add_argument("--seed", type=int, default=0, help="seed of random weights and inputs")
+    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed calls before timing")
+    p.add_argument("--min-repeat-ms", type=_nonneg_float, default=5.0,
+                   help="minimum duration of a sample in ms (CPU: whole ms, a fraction rounds up)")
+    p.add_argument("--flush-l2", action="store_true", help="flush caches before every timed call")
     p.add_argument("--no-check", action="store_true", help="skip the replay-vs-VM check")
     p.add_argument("--corun", action="store_true", help="also measure co-run groups (cuda)")
     p.add_argument("--corun-k", type=_positive_int, default=4, help="largest co-run group")
     p.add_argument("--corun-limit", type=_positive_int, default=200, help="co-run groups to measure")
-    p.add_argument("--json", default=None, help="also write the summary as JSON to this file")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    p.add_argument("--json", default=None, help="also write the summary as JSON to this file ('-': stdout)")
     _add_schedule_flags(p)
+    _add_common(p)
     p.set_defaults(func=cmd_collect)
 
 
 def _add_schedule_flags(p: Any) -> None:
-    p.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
+    g = p.add_argument_group("parallel schedules (--ifcompare, compare)")
+    g.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
                    help="schedulers to compare (comma-separated; sequential is always first)")
-    p.add_argument("--compare-repeat", type=_positive_int, default=10, help="timed samples per schedule")
-    p.add_argument("--compare-number", type=_positive_int, default=20, help="runs per sample")
-    p.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
+    g.add_argument("--compare-repeat", type=_positive_int, default=10, help="timed samples per schedule")
+    g.add_argument("--compare-number", type=_positive_int, default=20, help="runs per sample")
+    g.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
 
 
 def _add_compare(sub: Any) -> None:
-    p = sub.add_parser("compare", help="run a model under each schedule and compare",
+    p = sub.add_parser("compare", help="run a model under each schedule and compare", formatter_class=_Formatter,
                        description="Run a model under each inter-operator schedule (CUDA Graph on GPU, "
                                    "threads on CPU) and print latency, speedup and output error.")
-    p.add_argument("--modelsource", default="local")
-    p.add_argument("--modelname", required=True)
-    p.add_argument("--target", default="llvm")
-    p.add_argument("--batchsize", default="1")
+    _add_model_flags(p)
     p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
-    p.add_argument("--image-size", type=_positive_int, default=None)
-    p.add_argument("--seqlen", type=_positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the table as JSON")
+    p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
+    _add_common(p)
     p.set_defaults(func=cmd_compare)
 
 
 def _add_export(sub: Any) -> None:
-    p = sub.add_parser("export", help="write dataset tables as CSV or Parquet")
-    p.add_argument("--dataset", default=DEFAULT_DATASET, help="SQLite dataset")
-    p.add_argument("--format", default="csv", help="csv or parquet")
+    p = sub.add_parser("export", help="write dataset tables as CSV or Parquet", formatter_class=_Formatter,
+                       description="Write tables of a dataset as CSV or Parquet (read only: the dataset is "
+                                   "not changed). With several tables, OUT gets a -TABLE suffix each.")
+    p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
+    p.add_argument("--format", default=None, help="csv or parquet (default: from --out's suffix, .csv or .parquet)")
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--table", default="operators", help="operators, models, corun (comma-separated)")
+    p.add_argument("--table", default="all", help="runs, operators, models, corun (comma-separated) or all")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    _add_common(p)
     p.set_defaults(func=cmd_export)
 
 
 def _add_models(sub: Any) -> None:
-    p = sub.add_parser("models", help="list model sources and names")
+    p = sub.add_parser("models", help="list model sources and names", formatter_class=_Formatter)
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    _add_common(p)
     p.set_defaults(func=cmd_models)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="opbench", description="Operator-level profiling of DNN models on TVM.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+def build_parser(prog: str = "opbench") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Operator-level profiling of DNN models on TVM.",
+                     epilog="Exit status: 0 ok, 1 runtime failure, 2 usage or bad input, 3 finished with failed "
+                            "operators, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"opbench {__version__}")
+    parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _add_collect(sub)
     _add_export(sub)
     _add_models(sub)
     _add_compare(sub)
     return parser
+
+
+def dataset_path(args: argparse.Namespace) -> str:
+    """``--dataset``, else ``$OPBENCH_DATASET``, else ``data/opbench.sqlite``."""
+    return args.dataset or os.environ.get("OPBENCH_DATASET") or DEFAULT_DATASET
+
+
+def check_output_path(path: str | Path | None, flag: str) -> None:
+    """Refuse an output path that cannot be written, before any work is done (``-`` is stdout)."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise OpBenchError(f"{flag} {str(path)!r} is a folder (accepted: a file path)")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise OpBenchError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise OpBenchError(f"{flag} {str(path)!r} is not writable")
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` (``-``: stdout)."""
+    text = json.dumps(data, indent=2, default=str)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        return
+    try:
+        Path(path).write_text(text + "\n")
+    except OSError as err:
+        raise OpBenchError(f"cannot write --json {path!r}: {err.strerror}") from None
+
+
+def _human(args: argparse.Namespace) -> TextIO:
+    """Where tables and summaries go: stdout, or stderr when stdout carries JSON (``--json -``)."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 3) -> str:
@@ -176,24 +276,56 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([render(header), render(["-" * w for w in widths])] + [render(x) for x in lines])
 
 
+def kind_totals(rows: Sequence[dict[str, Any]], top: int = 5) -> dict[str, Any]:
+    """Per-kind latency totals and the operators with the largest share of the summed latency."""
+    total = sum(r["latency_median_s"] or 0.0 for r in rows)
+    kinds: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        k = kinds.setdefault(r["kind"], {"kind": r["kind"], "operators": 0, "latency_ms": 0.0})
+        k["operators"] += 1
+        k["latency_ms"] += (r["latency_median_s"] or 0.0) * 1e3
+    for k in kinds.values():
+        k["share"] = k["latency_ms"] / (total * 1e3) if total else 0.0
+    ranked = sorted(rows, key=lambda r: -(r["latency_median_s"] or 0.0))[:top]
+    return {
+        "by_kind": sorted(kinds.values(), key=lambda k: -k["latency_ms"]),
+        "top_operators": [{"op_index": r["op_index"], "func": r["func"], "kind": r["kind"],
+                           "latency_ms": (r["latency_median_s"] or 0.0) * 1e3,
+                           "share": (r["latency_median_s"] or 0.0) / total if total else 0.0} for r in ranked],
+    }
+
+
+def format_kinds(totals: dict[str, Any]) -> str:
+    """The per-kind totals and top operators as text."""
+    kinds = "  ".join(f"{k['kind']} {k['latency_ms']:.3f} ms ({k['share']:.0%}, {k['operators']})"
+                      for k in totals["by_kind"])
+    top = "  ".join(f"#{t['op_index']} {t['kind']} {t['latency_ms']:.3f} ms ({t['share']:.0%})"
+                    for t in totals["top_operators"])
+    return f"by kind: {kinds}\ntop operators: {top}"
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
-    from ..dataset import Dataset
-    from ..models import load_workload
-    from ..profile import CollectOptions, TimingConfig, collect
+    from ..dataset import SCHEMA_VERSION, Dataset
+    from ..pipeline import CollectOptions, collect
+    from ..profile import TimingConfig
     from ..runtime import is_gpu, resolve_target
 
     if args.iftune:
         raise OpBenchError(LATER["iftune"])
     if args.tuner not in TUNERS:
         raise OpBenchError(f"unknown tuner '{args.tuner}' (accepted: {', '.join(TUNERS)})")
+    check_output_path(args.json, "--json")
+    check_output_path(args.save_schedule, "--save-schedule")
     if args.ifcompare:
         _scheduler_names(args)
     target = resolve_target(args.target)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
-    options = {"seqlen": args.seqlen, "image_size": args.image_size, "sha256": args.sha256,
-               "cache_dir": args.cache_dir, "seed": args.seed}
-    workload = load_workload(args.modelsource, args.modelname, args.batchsize, **options)
+    path = dataset_path(args)
+    from ..dataset import inspect_file
+
+    inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
+    workload = _load(args)
     profiler = None
     if is_gpu(target):
         from ..profile.cuda import CudaProfiler
@@ -201,35 +333,44 @@ def cmd_collect(args: argparse.Namespace) -> int:
         profiler = CudaProfiler(corun_k=args.corun_k, corun_limit=args.corun_limit if args.corun else 0)
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
-    path = args.dataset or os.environ.get("OPBENCH_DATASET") or DEFAULT_DATASET
-    command = shlex.join(["opbench", *sys.argv[1:]])
+    command = shlex.join([args.prog_name, *args.argv])
     with Dataset(path) as dataset:
         result = collect(workload, target, dataset,
                          CollectOptions(timing=timing, force=args.force, check=not args.no_check,
                                         progress=not args.quiet, seed=args.seed),
                          command=command, profiler=profiler)
     m = result.model_row
+    totals = kind_totals(result.rows)
     summary = {
+        "run_id": result.run_id, "schema_version": SCHEMA_VERSION,
         "model": workload.name, "source": workload.source, "batch_size": workload.batch_size,
-        "target": m["target"], "operators": m["num_ops"], "unique_tasks": m["unique_tasks"],
+        "workload": workload.fingerprint(), "workload_id": result.key["workload_id"],
+        "device_id": result.key["device_id"], "config": result.key["config"], "l2_flush": bool(args.flush_l2),
+        "target": result.key["target"], "operators": len(result.graph), "unique_tasks": len(result.graph.tasks()),
         "measured": result.measured, "skipped": result.skipped, "failed": result.failed,
-        "sum_op_latency_ms": m["sum_op_latency_s"] * 1e3,
-        "vm_latency_ms": (m["vm_latency_median_s"] or 0.0) * 1e3,
+        "sum_op_latency_ms": sum(r["latency_median_s"] or 0.0 for r in result.rows) * 1e3,
+        "vm_latency_ms": (m["vm_latency_median_s"] or 0.0) * 1e3, "vm_run_id": m["run_id"],
         "replay_rel_error": m["replay_rel_error"], "compile_s": result.compile_s,
         "measure_s": result.measure_s, "dataset": os.path.abspath(result.dataset_path),
+        **totals, "environment": result.tags,
         **result.extra.get("summary", {}),
     }
+    out = _human(args)
     if not args.quiet:
-        print(format_table(result.rows))
-        print()
+        print(format_table(result.rows), file=out)
+        print(file=out)
+        print(format_kinds(totals), file=out)
     err = summary["replay_rel_error"]
+    vm_from = "" if result.model_row_written else f" (from run {m['run_id']})"
     print(f"{summary['model']} ({summary['source']}, batch {summary['batch_size']}, "
-          f"{summary['target']}): {summary['operators']} operators, "
+          f"{target.kind.name}): {summary['operators']} operators, "
           f"{summary['unique_tasks']} unique tasks, {result.failed} failed; "
           f"sum of operator latencies {summary['sum_op_latency_ms']:.3f} ms; "
-          f"Relax VM {summary['vm_latency_ms']:.3f} ms; replay error "
+          f"Relax VM {summary['vm_latency_ms']:.3f} ms"
+          f"{vm_from}; replay error "
           f"{'-' if err is None else f'{err:.1e}'}; "
-          f"measured {result.measured}, skipped {result.skipped} already in {summary['dataset']}")
+          f"measured {result.measured}, skipped {result.skipped} already in {summary['dataset']} "
+          f"(run {result.run_id})", file=out)
     if args.ifcompare:
         from ..parallel import TVMBackend
 
@@ -237,8 +378,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
                              result.extra.get("resources") or None)
         summary.update(_compare(backend, args))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
-    return 0
+        write_json(args.json, summary)
+    return EXIT_FAILED_OPS if result.failed else EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ..models import load_workload
+
+    with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {args.batchsize})"):
+        return load_workload(args.modelsource, args.modelname, args.batchsize, image_size=args.image_size,
+                             seqlen=args.seqlen, seed=args.seed, sha256=args.sha256, cache_dir=args.cache_dir,
+                             max_download_mb=args.max_download_mb)
 
 
 def _scheduler_names(args: argparse.Namespace) -> list[str]:
@@ -253,31 +403,40 @@ def _compare(backend: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Schedules side by side, then the critical path that bounds them all; the table as JSON."""
     from ..parallel import evaluate_with_bound, format_comparison, table_rows
 
+    log.info("comparing schedules %s on %d operators", args.schedulers, len(backend.graph))
     kept, rows, bound = evaluate_with_bound(backend, _scheduler_names(args), repeat=args.compare_repeat,
                                             number=args.compare_number)
+    out = _human(args)
     how = "CUDA Graph" if backend.is_cuda else "threads"
-    print(f"\n{backend.name} kernels, {len(backend.graph)} operators ({how}):")
-    print(format_comparison(rows))
-    print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)")
-    print(f"critical path: {len(bound['ops'])} operators, {bound['chain_ms']:.4f} ms run alone; no schedule of "
-          f"these kernels is faster (at most {rows[0]['latency_ms'] / bound['chain_ms']:.2f}x over sequential)")
+    print(f"\n{backend.name} kernels, {len(backend.graph)} operators ({how}):", file=out)
+    print(format_comparison(rows), file=out)
+    print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)", file=out)
+    line = f"critical path: {len(bound['ops'])} operators, {bound['chain_ms']:.4f} ms run alone"
+    if backend.is_cuda:
+        line += (f"; no schedule of these kernels is faster (at most {rows[0]['latency_ms'] / bound['chain_ms']:.2f}x "
+                 "over sequential)")
+    else:
+        line += ("; on the CPU each TVM kernel already uses every core, so concurrent threads share them and "
+                 "these numbers measure thread overhead more than parallelism")
+    print(line, file=out)
     if args.save_schedule:
         kept.save(args.save_schedule)
     return {"schedules": table_rows(rows), "critical_path": bound}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..models import load_workload
     from ..parallel import TorchBackend, tvm_backend
     from ..runtime import is_gpu, resolve_target
 
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
+    check_output_path(args.json, "--json")
+    check_output_path(args.save_schedule, "--save-schedule")
     _scheduler_names(args)
     target = resolve_target(args.target)
-    workload = load_workload(args.modelsource, args.modelname, args.batchsize, image_size=args.image_size,
-                             seqlen=args.seqlen, seed=args.seed)
+    workload = _load(args)
     if args.backend == "tvm":
+        log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         backend = tvm_backend(workload, target, workload.example_inputs(args.seed))
     else:
         if workload.torch_module is None:
@@ -291,57 +450,116 @@ def cmd_compare(args: argparse.Namespace) -> int:
         backend = TorchBackend(module, inputs)
     table = _compare(backend, args)
     if args.json:
-        Path(args.json).write_text(json.dumps(table, indent=2, default=str))
-    return 0
+        write_json(args.json, table)
+    return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..dataset import export
+    from ..dataset import check_tables, export, export_format, export_targets, load
 
-    tables = [t.strip() for t in args.table.split(",") if t.strip()]
-    for path in export(args.dataset, args.format, args.out, tables):
-        print(f"wrote {path}")
-    return 0
+    path = dataset_path(args)
+    tables = check_tables([t.strip() for t in args.table.split(",") if t.strip()])
+    fmt = export_format(args.out, args.format)
+    for target in export_targets(args.out, tables):
+        check_output_path(target, "--out")
+    log.info("exporting %s from %s", ", ".join(tables), path)
+    written = export(path, fmt, args.out, tables)
+    files = [{"table": t, "path": str(w), "rows": len(load(path, t))} for t, w in zip(tables, written, strict=True)]
+    if args.json:
+        write_json("-", {"dataset": os.path.abspath(path), "format": fmt, "files": files})
+    else:
+        for f in files:
+            print(f"wrote {f['path']} ({f['rows']} rows of {f['table']})")
+    return EXIT_OK
 
 
-def cmd_models(_args: argparse.Namespace) -> int:
+def cmd_models(args: argparse.Namespace) -> int:
     from ..models import list_sources
 
-    for source, names in list_sources().items():
+    sources = list_sources()
+    if args.json:
+        write_json("-", sources)
+        return EXIT_OK
+    for source, names in sources.items():
         print(f"{source}: {', '.join(names)}")
-    return 0
+    return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``opbench`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("collect", "export", "models", "compare")
-    if argv and argv[0].startswith("--") and argv[0] not in ("--help", "--debug") \
-            and not any(a in commands for a in argv):
-        argv.insert(0, "collect")
-    if argv[:1] == ["--debug"] and len(argv) > 1 and argv[1] not in commands:
-        argv.insert(1, "collect")
+@contextlib.contextmanager
+def native_stderr(quiet: bool) -> Iterator[None]:
+    """With ``quiet``, send what native code (TVM's C++ logging) writes to stderr to /dev/null;
+    Python's own messages still reach the terminal through a copy of the original stderr."""
+    if not quiet:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    original, sys.stderr = sys.stderr, os.fdopen(os.dup(saved), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr.close()
+        sys.stderr = original
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _normalise(argv: list[str]) -> list[str]:
+    """``collect`` is the default command; ``--debug`` goes first."""
     debug = "--debug" in argv
-    if debug:
-        argv.remove("--debug")
-        argv.insert(0, "--debug")
-    parser = build_parser()
+    argv = [a for a in argv if a != "--debug"]
+    if argv and argv[0].startswith("-") and argv[0] not in ("--help", "-h", "--version") \
+            and not any(a in COMMANDS for a in argv):
+        argv.insert(0, "collect")
+    return ["--debug", *argv] if debug else argv
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
+    """Entry point of the ``opbench`` console script (``prog`` names the program in help and errors)."""
+    argv = _normalise(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser(prog)
+    if prog != "opbench":  # the OpBench-compatible script: its own name in collect's help and errors
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["collect"].prog = prog
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    logging.basicConfig(level=logging.WARNING if getattr(args, "quiet", False) else logging.INFO,
-                        format="opbench: %(message)s", stream=sys.stderr)
-    try:
-        return args.func(args)
-    except OpBenchError as err:
-        if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"opbench: error: {err}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("opbench: interrupted; every finished measurement is in the dataset\n")
-        return 130
+        return EXIT_USAGE
+    args.prog_name, args.argv = prog, [a for a in argv if a != "collect" or prog == "opbench"]
+    quiet = getattr(args, "quiet", False)
+    level = logging.DEBUG if args.debug or getattr(args, "verbose", False) else \
+        logging.WARNING if quiet else logging.INFO
+    signals.install()
+    with native_stderr(quiet):
+        logging.basicConfig(level=level, format="opbench: %(message)s", stream=sys.stderr, force=True)
+        try:
+            return args.func(args)
+        except OpBenchError as err:
+            if args.debug:
+                traceback.print_exc()
+            sys.stderr.write(f"{prog}: error: {one_line(err)}\n")
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return _interrupted(prog)
+        except Exception as err:
+            if signals.received():
+                return _interrupted(prog)
+            if args.debug:
+                traceback.print_exc()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            sys.stderr.write(f"{prog}: error: {type(err).__name__}: {one_line(first)} "
+                             "(run with --debug for the traceback)\n")
+            return EXIT_FAILURE
+
+
+def _interrupted(prog: str) -> int:
+    signum = signals.received()
+    sys.stderr.write(f"{prog}: interrupted; every finished measurement is in the dataset\n")
+    return 128 + signum if signum else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

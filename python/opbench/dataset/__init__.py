@@ -1,6 +1,80 @@
-"""The dataset: a versioned SQLite record store with CSV/Parquet export."""
+"""The dataset: a versioned SQLite record store with typed export (CSV, Parquet) and loading."""
 
-from .schema import SCHEMA_VERSION, TABLES
-from .store import Dataset, export, model_key, now
+from __future__ import annotations
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "Dataset", "export", "model_key", "now"]
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpBenchError
+from .schema import ALL_TABLES, SCHEMA_VERSION, TABLES, columns_of
+from .store import Dataset, inspect_file, model_key, now
+
+FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def load(path: str | Path, table: str = "operators") -> Any:
+    """One table of a dataset as a typed pandas DataFrame (read only; see :mod:`opbench.dataset.frames`).
+
+    Examples
+    --------
+    >>> ops = opbench.load("data/opbench.sqlite")                  # doctest: +SKIP
+    >>> ops.groupby("kind")["latency_median_s"].sum()               # doctest: +SKIP
+    """
+    with Dataset(path, readonly=True) as ds:
+        return ds.frame(table)
+
+
+def export_format(out: str | Path, fmt: str | None) -> str:
+    """The export format: ``fmt`` if given, else from ``out``'s suffix."""
+    if fmt is None:
+        fmt = FORMATS.get(Path(out).suffix.lower())
+        if fmt is None:
+            raise OpBenchError(f"cannot tell the format of '{out}' from its suffix "
+                               f"(accepted: {', '.join(FORMATS)}, or --format csv|parquet)")
+    if fmt not in ("csv", "parquet"):
+        raise OpBenchError(f"unknown export format '{fmt}' (accepted: csv, parquet)")
+    return fmt
+
+
+def export_targets(out: str | Path, tables: list[str]) -> list[Path]:
+    """Where each table goes: ``out`` for one table, else ``out`` with a ``-<table>`` suffix each."""
+    target = Path(out)
+    if len(tables) == 1:
+        return [target]
+    return [target.with_name(f"{target.stem}-{t}{target.suffix}") for t in tables]
+
+
+def check_tables(tables: list[str]) -> list[str]:
+    """Table names checked (``all`` = every table)."""
+    if tables == ["all"] or not tables:
+        return list(ALL_TABLES)
+    bad = [t for t in tables if t not in ALL_TABLES]
+    if bad:
+        raise OpBenchError(f"unknown table '{bad[0]}' (accepted: {', '.join(ALL_TABLES)}, all)")
+    return tables
+
+
+def export(path: str | Path, fmt: str | None, out: str | Path, tables: list[str] | tuple[str, ...] = ("all",)
+           ) -> list[Path]:
+    """Write tables of a dataset as CSV or Parquet, read only (the dataset's bytes are unchanged).
+
+    With one table the file is ``out``; with several, ``out`` gets a ``-<table>`` suffix each.
+    """
+    from .frames import csv_frame, write_parquet
+
+    fmt = export_format(out, fmt)
+    tables = check_tables(list(tables))
+    written = []
+    with Dataset(path, readonly=True) as ds:
+        for table, target in zip(tables, export_targets(out, tables), strict=True):
+            frame = ds.frame(table)
+            if fmt == "csv":
+                csv_frame(frame).to_csv(target, index=False)
+            else:
+                write_parquet(frame, columns_of(table), target)
+            written.append(target)
+    return written
+
+
+__all__ = ["ALL_TABLES", "SCHEMA_VERSION", "TABLES", "Dataset", "check_tables", "export", "export_format",
+           "export_targets", "inspect_file", "load", "model_key", "now"]

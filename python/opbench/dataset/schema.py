@@ -1,77 +1,123 @@
-"""The dataset schema (version 1). Documented column by column in ``docs/dataset.md``.
+"""The dataset schema (version 2). Documented column by column in ``docs/dataset.md``.
 
 Tables
 ------
-meta        key/value: ``schema_version``, ``created_by``.
+meta        key/value: ``schema_version``, ``created_by``, ``migrated_from``.
 runs        one row per invocation: command line, environment tags, start/end, status.
-operators   one row per measured operator (and schedule config): features, latency, resources.
+operators   one row per measured operator: features, latency, resources.
 models      one row per measured model: whole-model latency from the Relax VM, correctness check.
 corun       one row per co-run group (several operators launched together).
+
+Keys
+----
+Every measurement row is keyed by what was measured, not by how it was named:
+
+``workload_id``
+    Digest of the workload fingerprint: source, canonical model name, batch size, every input's
+    shape and dtype, every option that changes the graph or its weights (image size, seqlen, seed,
+    a synthetic model's parameters) and, for ONNX, the file's SHA-256.
+``device_id``
+    Digest of the device fingerprint: the full canonical target (kind and every attribute) and
+    the CPU model or GPU name.
+``config``, ``l2_flush``
+    The measurement variant: ``default`` kernels or ``db:<digest>`` of a tuning database; caches
+    flushed before every call or not.
+
+The readable columns (``source``, ``model``, ``batch_size``, ``target``, ``workload``,
+``device_name``) say the same in words; they are not part of the key.
 """
 
-SCHEMA_VERSION = 1
+from __future__ import annotations
 
-# (name, SQL type); every table also has ``id`` and ``run_id``
-KEY_COLUMNS = ["source", "model", "batch_size", "target", "config"]
+SCHEMA_VERSION = 2
 
-ENV_COLUMNS = [
-    ("device", "TEXT"), ("cpu_model", "TEXT"), ("cpu_cores", "INTEGER"),
-    ("gpu_name", "TEXT"), ("gpu_sm_count", "INTEGER"), ("gpu_memory_mb", "INTEGER"),
-    ("gpu_driver", "TEXT"), ("cuda_runtime", "TEXT"), ("gpu_clock_start_mhz", "INTEGER"),
-    ("gpu_clock_end_mhz", "INTEGER"),
-    ("tvm_version", "TEXT"), ("opbench_version", "TEXT"), ("measured_at", "TEXT"),
+# logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
+KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
+
+READABLE_COLUMNS = [
+    ("workload_id", "TEXT"), ("device_id", "TEXT"), ("config", "TEXT"), ("l2_flush", "INTEGER"),
+    ("source", "TEXT"), ("model", "TEXT"), ("batch_size", "INTEGER"), ("workload", "JSON"),
+    ("target", "TEXT"), ("device_name", "TEXT"),
 ]
 
-OPERATOR_COLUMNS = [
-    ("source", "TEXT"), ("model", "TEXT"), ("batch_size", "INTEGER"), ("target", "TEXT"),
-    ("config", "TEXT"), ("op_index", "INTEGER"), ("func", "TEXT"), ("task", "TEXT"),
-    ("task_uses", "INTEGER"), ("kind", "TEXT"), ("ops", "TEXT"), ("attrs", "TEXT"),
-    ("input_shapes", "TEXT"), ("input_dtypes", "TEXT"), ("output_shapes", "TEXT"),
-    ("output_dtypes", "TEXT"), ("preds", "TEXT"), ("flops", "REAL"), ("bytes", "INTEGER"),
+ENV_COLUMNS = [
+    ("device", "TEXT"), ("hostname", "TEXT"), ("cpu_model", "TEXT"), ("cpu_cores", "INTEGER"),
+    ("cpu_freq_mhz", "REAL"), ("thread_settings", "TEXT"),
+    ("gpu_name", "TEXT"), ("gpu_sm_count", "INTEGER"), ("gpu_memory_mb", "INTEGER"),
+    ("gpu_driver", "TEXT"), ("cuda_runtime", "TEXT"), ("gpu_clock_start_mhz", "INTEGER"),
+    ("gpu_clock_end_mhz", "INTEGER"), ("gpu_throttle", "TEXT"),
+    ("tvm_version", "TEXT"), ("llvm_version", "TEXT"), ("torch_version", "TEXT"), ("python_version", "TEXT"),
+    ("opbench_version", "TEXT"), ("opbench_commit", "TEXT"), ("measured_at", "TIME"),
+]
+
+OPERATOR_COLUMNS = READABLE_COLUMNS + [
+    ("op_index", "INTEGER"), ("func", "TEXT"), ("task", "TEXT"),
+    ("task_uses", "INTEGER"), ("kind", "TEXT"), ("ops", "JSON"), ("attrs", "JSON"),
+    ("input_shapes", "JSON"), ("input_dtypes", "JSON"), ("output_shapes", "JSON"),
+    ("output_dtypes", "JSON"), ("preds", "JSON"), ("flops", "REAL"), ("bytes", "INTEGER"),
     ("arithmetic_intensity", "REAL"),
     ("latency_median_s", "REAL"), ("latency_mean_s", "REAL"), ("latency_std_s", "REAL"),
     ("latency_min_s", "REAL"), ("latency_max_s", "REAL"), ("repeats", "INTEGER"),
-    ("number", "INTEGER"), ("l2_flush", "INTEGER"), ("gflops", "REAL"), ("gbytes_per_s", "REAL"),
-    ("num_kernels", "INTEGER"), ("grid", "TEXT"), ("block", "TEXT"),
+    ("number", "INTEGER"), ("gflops", "REAL"), ("gbytes_per_s", "REAL"),
+    ("num_kernels", "INTEGER"), ("grid", "JSON"), ("block", "JSON"),
     ("registers", "INTEGER"), ("static_smem", "INTEGER"), ("dynamic_smem", "INTEGER"),
     ("threads", "INTEGER"), ("occupancy", "REAL"), ("sms_used", "INTEGER"),
     ("status", "TEXT"), ("error", "TEXT"),
 ] + ENV_COLUMNS
 
-MODEL_COLUMNS = [
-    ("source", "TEXT"), ("model", "TEXT"), ("batch_size", "INTEGER"), ("target", "TEXT"),
-    ("config", "TEXT"), ("num_ops", "INTEGER"), ("unique_tasks", "INTEGER"),
+MODEL_COLUMNS = READABLE_COLUMNS + [
+    ("num_ops", "INTEGER"), ("unique_tasks", "INTEGER"),
     ("sum_op_latency_s", "REAL"), ("vm_latency_median_s", "REAL"), ("vm_latency_std_s", "REAL"),
     ("replay_rel_error", "REAL"), ("compile_s", "REAL"), ("measure_s", "REAL"),
-    ("provenance", "TEXT"), ("status", "TEXT"), ("error", "TEXT"),
+    ("provenance", "JSON"), ("status", "TEXT"), ("error", "TEXT"),
 ] + ENV_COLUMNS
 
-CORUN_COLUMNS = [
-    ("source", "TEXT"), ("model", "TEXT"), ("batch_size", "INTEGER"), ("target", "TEXT"),
-    ("config", "TEXT"), ("group_key", "TEXT"), ("group_size", "INTEGER"), ("op_indices", "TEXT"),
-    ("kinds", "TEXT"), ("features", "TEXT"), ("sequential_s", "REAL"), ("concurrent_s", "REAL"),
-    ("speedup", "REAL"), ("solo_s", "TEXT"), ("slowdowns", "TEXT"), ("repeats", "INTEGER"),
-    ("l2_flush", "INTEGER"), ("status", "TEXT"), ("error", "TEXT"),
+CORUN_COLUMNS = READABLE_COLUMNS + [
+    ("group_key", "TEXT"), ("group_size", "INTEGER"), ("op_indices", "JSON"),
+    ("kinds", "JSON"), ("features", "JSON"), ("sequential_s", "REAL"), ("concurrent_s", "REAL"),
+    ("speedup", "REAL"), ("solo_s", "JSON"), ("slowdowns", "JSON"), ("repeats", "INTEGER"),
+    ("status", "TEXT"), ("error", "TEXT"),
 ] + ENV_COLUMNS
 
+RUN_COLUMNS = [
+    ("run_id", "INTEGER"), ("started_at", "TIME"), ("finished_at", "TIME"), ("status", "TEXT"),
+    ("command", "TEXT"), ("env", "JSON"),
+]
+
+# measurement tables: (columns, unique key)
 TABLES = {
     "operators": (OPERATOR_COLUMNS, KEY_COLUMNS + ["op_index"]),
     "models": (MODEL_COLUMNS, KEY_COLUMNS),
     "corun": (CORUN_COLUMNS, KEY_COLUMNS + ["group_key"]),
 }
 
+# every table a dataset may hold, with its columns (``id``/``run_id`` included where present)
+ALL_TABLES = ["runs", *TABLES]
+
+
+def columns_of(table: str) -> list[tuple[str, str]]:
+    """Every column of ``table`` with its logical type, in file order."""
+    if table == "runs":
+        return list(RUN_COLUMNS)
+    if table == "meta":
+        return [("key", "TEXT"), ("value", "TEXT")]
+    return [("id", "INTEGER"), ("run_id", "INTEGER"), *TABLES[table][0]]
+
+
+_SQL_TYPES = {"TEXT": "TEXT", "INTEGER": "INTEGER", "REAL": "REAL", "JSON": "TEXT", "TIME": "TEXT"}
+
 
 def create_statements() -> list[str]:
-    """SQL that creates every table (idempotent)."""
+    """SQL that creates every table of version 2."""
     stmts = [
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)",
-        "CREATE TABLE IF NOT EXISTS runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+        "CREATE TABLE runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, "
         "started_at TEXT, finished_at TEXT, status TEXT, command TEXT, env TEXT)",
     ]
     for table, (columns, unique) in TABLES.items():
-        cols = ", ".join(f"{name} {sqltype}" for name, sqltype in columns)
+        cols = ", ".join(f"{name} {_SQL_TYPES[kind]}" for name, kind in columns)
         stmts.append(
-            f"CREATE TABLE IF NOT EXISTS {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            f"CREATE TABLE {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
             f"run_id INTEGER REFERENCES runs(run_id), {cols}, UNIQUE ({', '.join(unique)}))"
         )
     return stmts

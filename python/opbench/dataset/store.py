@@ -1,16 +1,31 @@
-"""The record store: one SQLite file, every measurement committed as it is taken."""
+"""The record store: one SQLite file, every measurement committed as it is taken.
+
+Opening checks before it writes: a file that is not an OpBench dataset (not SQLite, unrelated
+tables, foreign columns, a newer schema) is refused with a one-line :class:`OpBenchError` and its
+bytes are left as they were. A version-1 dataset is backed up and migrated to version 2 on open
+(read-only opens migrate a copy in memory). SQLite errors (read-only file, lock timeout, full disk)
+become one-line errors naming the file; rows already committed stay.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import logging
+import os
+import shutil
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
-from .schema import KEY_COLUMNS, SCHEMA_VERSION, TABLES, create_statements
+from . import migrate
+from .schema import ALL_TABLES, KEY_COLUMNS, SCHEMA_VERSION, TABLES, columns_of, create_statements
+
+log = logging.getLogger("opbench")
+DEFAULT_TIMEOUT_S = 30.0
 
 
 def now() -> str:
@@ -24,32 +39,191 @@ def _encode(value: Any) -> Any:
     return value
 
 
+def lock_timeout() -> float:
+    """Seconds to wait for another process's lock: ``$OPBENCH_DB_TIMEOUT`` or 30."""
+    text = os.environ.get("OPBENCH_DB_TIMEOUT")
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise OpBenchError(f"bad $OPBENCH_DB_TIMEOUT {text!r} (accepted: seconds, a number >= 0)")
+    return value
+
+
+def db_error(path: Path, err: Exception, timeout: float = DEFAULT_TIMEOUT_S) -> OpBenchError:
+    """A one-line error for a SQLite failure on the dataset ``path``."""
+    text = str(err).lower()
+    if "locked" in text or "busy" in text:
+        return OpBenchError(f"dataset '{path}' is locked by another process (waited {timeout:g} s; "
+                            "set $OPBENCH_DB_TIMEOUT to wait longer); rows written so far are kept")
+    if "readonly" in text or "read-only" in text:
+        return OpBenchError(f"dataset '{path}' is read-only; rows written so far are kept "
+                            "(use a writable file or --dataset PATH)")
+    if "full" in text:
+        return OpBenchError(f"disk full writing dataset '{path}'; rows written so far are kept")
+    if "not a database" in text or "malformed" in text:
+        return OpBenchError(f"'{path}' is not an OpBench dataset (not a valid SQLite file)")
+    return OpBenchError(f"dataset '{path}': {' '.join(str(err).split())}")
+
+
+def inspect_file(path: Path) -> int | None:
+    """The schema version of an existing dataset (None for a missing or empty file), read only.
+
+    Raises a one-line :class:`OpBenchError` for a file that is not an OpBench dataset of a
+    version this OpBench reads; the file is not modified.
+    """
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        return None
+    if not path.is_file():
+        raise OpBenchError(f"dataset '{path}' is not a file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError as err:
+        raise OpBenchError(f"cannot read dataset '{path}': {err.strerror}") from None
+    if head != b"SQLite format 3\x00":
+        raise OpBenchError(f"'{path}' is not an OpBench dataset (not an SQLite file)")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=lock_timeout())
+    except sqlite3.Error as err:
+        raise db_error(path, err) from None
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables.discard("sqlite_sequence")
+        if not tables:
+            return None
+        if "meta" not in tables:
+            raise OpBenchError(f"'{path}' is an SQLite file but not an OpBench dataset "
+                               f"(tables: {', '.join(sorted(tables))}; no 'meta' table)")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        try:
+            version = int(row[0]) if row else None
+        except ValueError:
+            version = None
+        if version is None:
+            raise OpBenchError(f"'{path}' has a 'meta' table without a schema version; not an OpBench dataset")
+        if version > SCHEMA_VERSION:
+            raise OpBenchError(f"dataset '{path}' has schema version {version}, newer than this OpBench reads "
+                               f"({SCHEMA_VERSION}); upgrade OpBench")
+        if version not in migrate.KNOWN:
+            raise OpBenchError(f"dataset '{path}' has unknown schema version {version} "
+                               f"(accepted: {', '.join(map(str, sorted(migrate.KNOWN)))})")
+        expected = migrate.KNOWN[version]
+        foreign = sorted(tables - set(expected))
+        if foreign:
+            raise OpBenchError(f"dataset '{path}' has foreign tables: {', '.join(foreign)}")
+        for table in sorted(tables):
+            have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            extra = [c for c in have if c not in expected[table]]
+            missing = [c for c in expected[table] if c not in have]
+            if extra or missing:
+                what = f"foreign columns {', '.join(extra)}" if extra else f"missing columns {', '.join(missing)}"
+                raise OpBenchError(f"dataset '{path}': table '{table}' has {what} "
+                                   f"(schema version {version})")
+        return version
+    except sqlite3.Error as err:
+        raise db_error(path, err) from None
+    finally:
+        conn.close()
+
+
 class Dataset:
     """An OpBench dataset in one SQLite file.
 
     Rows are written with :meth:`put`, one transaction each, so an interrupted run keeps every
-    finished measurement. A row's key (source, model, batch size, target, config, and the
-    operator index or group) is unique: :meth:`has` tells whether it was measured, and writing it
-    again replaces it (``--force``).
+    finished measurement. A row's key (workload, device, configuration and L2 flush, and the
+    operator index or group; see :mod:`opbench.dataset.schema`) is unique: :meth:`has` tells
+    whether it was measured, and writing it again replaces it (``--force``).
+
+    Parameters
+    ----------
+    path:
+        The SQLite file; created with its folder when missing (not with ``readonly``).
+    readonly:
+        Open without writing anything: for export and loading. A version-1 file is migrated in
+        memory.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        self.timeout = lock_timeout()
+        version = inspect_file(self.path)
+        if readonly:
+            if version is None:
+                raise OpBenchError(f"dataset not found or empty: '{path}'")
+            self.conn = self._connect(f"{self.path.resolve().as_uri()}?mode=ro")
+            if version < SCHEMA_VERSION:
+                memory = sqlite3.connect(":memory:")
+                self.conn.backup(memory)
+                self.conn.close()
+                self.conn = memory
+                migrate.migrate(self.conn, version)
+            return
+        self._check_writable()
+        self.conn = self._connect(str(self.path))
+        with self.guard():
+            if version is None:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                with migrate.transaction(self.conn):
+                    if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone():
+                        return  # another process created it first
+                    for stmt in create_statements():
+                        self.conn.execute(stmt)
+                    self.conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                        ("schema_version", str(SCHEMA_VERSION)), ("created_by", _created_by())])
+            elif version < SCHEMA_VERSION:
+                backup = self._backup(version)
+                migrate.migrate(self.conn, version)
+                log.warning("migrated dataset %s from schema version %d to %d; the original is kept as %s",
+                            self.path, version, SCHEMA_VERSION, backup)
+
+    def _connect(self, where: str) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(str(self.path), timeout=30)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            with self.conn:
-                for stmt in create_statements():
-                    self.conn.execute(stmt)
-                row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                if row is None:
-                    self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                elif int(row[0]) != SCHEMA_VERSION:
-                    raise OpBenchError(f"dataset '{path}' has schema version {row[0]}; this OpBench "
-                                       f"reads version {SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as err:
-            raise OpBenchError(f"cannot open dataset '{path}': {err}") from None
+            return sqlite3.connect(where, uri=where.startswith("file:"), timeout=self.timeout)
+        except sqlite3.Error as err:
+            raise db_error(self.path, err, self.timeout) from None
+
+    def _check_writable(self) -> None:
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OpBenchError(f"cannot create the folder of dataset '{self.path}': {err.strerror}") from None
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            raise OpBenchError(f"dataset '{self.path}' is read-only (use a writable file or --dataset PATH)")
+        if not os.access(folder, os.W_OK):
+            raise OpBenchError(f"dataset '{self.path}': its folder is not writable (SQLite writes a journal "
+                               "beside the file)")
+
+    def _backup(self, version: int) -> Path:
+        backup = self.path.with_name(f"{self.path.name}.v{version}-backup")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = self.path.with_name(f"{self.path.name}.v{version}-backup{n}")
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size:  # rows still in the write-ahead log: a consistent copy
+            target = sqlite3.connect(str(backup))
+            try:
+                self.conn.backup(target)
+            finally:
+                target.close()
+            shutil.copymode(self.path, backup)
+        else:  # the file is the whole dataset: keep its bytes as they are
+            shutil.copy2(self.path, backup)
+        return backup
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn SQLite errors into one-line :class:`OpBenchError` naming the file."""
+        try:
+            yield
+        except sqlite3.Error as err:
+            raise db_error(self.path, err, self.timeout) from None
 
     def close(self) -> None:
         self.conn.close()
@@ -60,19 +234,27 @@ class Dataset:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def schema_version(self) -> int:
+        with self.guard():
+            return int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+
     def start_run(self, command: str, env: dict[str, Any]) -> int:
         """Record a new run and return its id."""
-        with self.conn:
+        with self.guard(), self.conn:
             cur = self.conn.execute(
                 "INSERT INTO runs (started_at, status, command, env) VALUES (?, 'running', ?, ?)",
-                (now(), command, json.dumps(env)),
+                (now(), command, json.dumps(env, default=str)),
             )
         return int(cur.lastrowid)
 
     def finish_run(self, run_id: int, status: str) -> None:
-        with self.conn:
-            self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?",
-                              (now(), status, run_id))
+        """Mark a run finished; a failure here is logged, never raised over the run's own error."""
+        try:
+            with self.guard(), self.conn:
+                self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?",
+                                  (now(), status, run_id))
+        except OpBenchError as err:
+            log.warning("could not mark run %d %s: %s", run_id, status, err)
 
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Insert or replace one row and commit it."""
@@ -80,18 +262,22 @@ class Dataset:
         unknown = set(row) - set(columns) - {"run_id"}
         if unknown:
             raise KeyError(f"unknown columns for {table}: {sorted(unknown)}")
+        missing = [c for c in TABLES[table][1] if row.get(c) is None]
+        if missing:
+            raise KeyError(f"row for {table} lacks key columns {missing}")
         names = [c for c in ["run_id", *columns] if c in row]
         sql = (f"INSERT OR REPLACE INTO {table} ({', '.join(names)}) "
                f"VALUES ({', '.join('?' for _ in names)})")
-        with self.conn:
+        with self.guard(), self.conn:
             self.conn.execute(sql, [_encode(row[c]) for c in names])
 
     def has(self, table: str, key: dict[str, Any]) -> bool:
         """Whether a row with this key was written with status 'ok'."""
         unique = TABLES[table][1]
         where = " AND ".join(f"{c}=?" for c in unique)
-        row = self.conn.execute(f"SELECT status FROM {table} WHERE {where}",
-                                [key[c] for c in unique]).fetchone()
+        with self.guard():
+            row = self.conn.execute(f"SELECT status FROM {table} WHERE {where}",
+                                    [key[c] for c in unique]).fetchone()
         return row is not None and row[0] == "ok"
 
     def rows(self, table: str, where: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -100,52 +286,37 @@ class Dataset:
         sql = f"SELECT * FROM {table}"
         if where:
             sql += " WHERE " + " AND ".join(f"{c}=?" for c in where)
-        cur = self.conn.execute(sql + " ORDER BY id", list(where.values()))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        order = "run_id" if table == "runs" else "id"
+        with self.guard():
+            cur = self.conn.execute(sql + f" ORDER BY {order}", list(where.values()))
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def count(self, table: str, where: dict[str, Any] | None = None) -> int:
         return len(self.rows(table, where))
 
     def frame(self, table: str) -> Any:
-        """A table as a pandas DataFrame."""
+        """A table as a pandas DataFrame with typed columns (see :func:`opbench.dataset.load`)."""
+        from .frames import typed_frame
+
+        if table not in ALL_TABLES:
+            raise OpBenchError(f"unknown table '{table}' (accepted: {', '.join(ALL_TABLES)})")
         import pandas as pd
 
-        return pd.read_sql_query(f"SELECT * FROM {table} ORDER BY id", self.conn)
+        order = "run_id" if table == "runs" else "id"
+        with self.guard():
+            raw = pd.read_sql_query(f"SELECT * FROM {table} ORDER BY {order}", self.conn)
+        return typed_frame(raw, columns_of(table))
 
 
-def model_key(source: str, model: str, batch_size: int, target: str, config: str = "default") -> dict[str, Any]:
-    """The key columns shared by every table."""
-    return dict(zip(KEY_COLUMNS, (source, model, batch_size, target, config), strict=True))
+def _created_by() -> str:
+    from .. import __version__
+
+    return f"opbench {__version__}"
 
 
-def export(path: str | Path, fmt: str, out: str | Path, tables: Iterable[str] = ("operators",)) -> list[Path]:
-    """Write tables of a dataset as CSV or Parquet.
-
-    With one table the file is ``out``; with several, ``out`` gets a ``-<table>`` suffix each.
-    """
-    if fmt not in ("csv", "parquet"):
-        raise OpBenchError(f"unknown export format '{fmt}' (accepted: csv, parquet)")
-    if not Path(path).is_file():
-        raise OpBenchError(f"dataset not found: '{path}'")
-    tables = list(tables)
-    bad = [t for t in tables if t not in TABLES]
-    if bad:
-        raise OpBenchError(f"unknown table '{bad[0]}' (accepted: {', '.join(TABLES)})")
-    written = []
-    with Dataset(path) as ds:
-        for table in tables:
-            frame = ds.frame(table)
-            target = Path(out)
-            if len(tables) > 1:
-                target = target.with_name(f"{target.stem}-{table}{target.suffix}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if fmt == "csv":
-                frame.to_csv(target, index=False)
-            else:
-                try:
-                    frame.to_parquet(target, index=False)
-                except ImportError:
-                    raise OpBenchError("parquet export needs pyarrow: pip install pyarrow") from None
-            written.append(target)
-    return written
+def model_key(workload_id: str, device_id: str, config: str = "default", l2_flush: bool | int = False,
+              **readable: Any) -> dict[str, Any]:
+    """The key columns shared by every measurement table, with any readable columns given."""
+    key = dict(zip(KEY_COLUMNS, (workload_id, device_id, config, int(bool(l2_flush))), strict=True))
+    return {**key, **readable}

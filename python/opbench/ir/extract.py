@@ -8,7 +8,7 @@ Use it in any pipeline::
 
 The lowering is TVM's default legalize-and-fuse recipe, preceded by
 ``DecomposeOpsForInference`` + ``CanonicalizeBindings`` so that conv + batch-norm + relu fuse into
-one kernel (DESIGN.md section 5). Afterwards every binding of ``main`` is a ``call_tir`` of a
+one kernel (docs/architecture.md, "TVM facts"). Afterwards every binding of ``main`` is a ``call_tir`` of a
 fused PrimFunc. Before legalization the pass records each Relax operator with its attributes, and
 follows it through legalization (binding variables survive ``LegalizeOps``) and fusion (the fused
 Relax function lists the legalized PrimFuncs it calls), so each node knows the operators it fuses.

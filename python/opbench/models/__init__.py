@@ -49,7 +49,19 @@ def load_workload(
     src = get_source(source)
     if not name:
         raise OpBenchError(f"no model name given for source '{src.name}'")
-    return src.load(name, check_batch_size(batch_size), **options)
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise OpBenchError(f"model name {name!r} contains a control character (accepted: printable text)")
+    batch = check_batch_size(batch_size)
+    need = src.estimate_bytes(name, batch, **options)
+    if need:
+        import psutil
+
+        have = psutil.virtual_memory().available
+        if need > have:
+            raise OpBenchError(
+                f"{src.name} model '{name}' at batch size {batch} needs about {need / 2**30:.1f} GiB of memory, "
+                f"more than the {have / 2**30:.1f} GiB available (lower --batchsize, --image-size or the model's size)")
+    return src.load(name, batch, **options)
 
 
 def _register_builtin() -> None:

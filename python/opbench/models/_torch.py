@@ -23,7 +23,7 @@ def calibrate_batchnorm(module: Any, shape: Sequence[int], seed: int = 0, batch:
     """Re-estimate batch-norm statistics on one random batch, then switch to eval mode.
 
     Randomly initialised networks with default statistics give almost the same output for any
-    input (DESIGN.md section 5), which would make correctness checks meaningless.
+    input (docs/architecture.md, "TVM facts"), which would make correctness checks meaningless.
     """
     torch = import_torch()
     bns = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

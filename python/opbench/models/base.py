@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OpBenchError
-from ..utils import join_names
+from ..utils import digest, join_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,10 @@ class Workload:
         Free-form facts about where the model came from (file checksum, config, seed...).
     torch_module:
         The PyTorch module, when the source built one (reference outputs, torch backend).
+    options:
+        Every option that changes the graph or its weights, defaults filled in (image size,
+        sequence length, seed, a synthetic model's parameters, an ONNX file's SHA-256). With the
+        source, name, batch size and inputs they make the workload's fingerprint.
     """
 
     name: str
@@ -53,6 +57,20 @@ class Workload:
     batch_size: int = 1
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     torch_module: Any = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes this workload what it is (see :attr:`options`); equal for equal graphs."""
+        return {
+            "source": self.source, "model": self.name, "batch_size": self.batch_size,
+            "inputs": [[s.name, list(s.shape), s.dtype] for s in self.inputs],
+            "options": {k: self.options[k] for k in sorted(self.options)},
+        }
+
+    @property
+    def workload_id(self) -> str:
+        """Digest of :meth:`fingerprint` (the dataset's workload key)."""
+        return digest(self.fingerprint())
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Seeded random inputs matching :attr:`inputs`."""
@@ -76,6 +94,13 @@ class ModelSource:
     def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
         """Build the workload for ``name``."""
         raise NotImplementedError
+
+    def estimate_bytes(self, name: str, batch_size: int, **options: Any) -> int:
+        """A rough upper estimate of the host memory that loading ``name`` takes (0: unknown).
+
+        :func:`~opbench.models.load_workload` refuses a model that would not fit before allocating it.
+        """
+        return 0
 
     def unknown(self, name: str) -> OpBenchError:
         """The error for an unknown model name."""

@@ -31,7 +31,7 @@ def _build(family: str, size: dict[str, int]) -> Any:
     except ImportError:
         raise OpBenchError("the transformers source needs: pip install transformers") from None
     if family == "gpt2":
-        # use_cache=False: a DynamicCache output breaks torch.export (DESIGN.md section 5)
+        # use_cache=False: a DynamicCache output breaks torch.export (docs/architecture.md, "TVM facts")
         cfg = tf.GPT2Config(n_layer=size["layers"], n_embd=size["hidden"], n_head=size["heads"],
                             n_inner=size["ffn"], use_cache=False)
         return _eager(tf.GPT2Model, cfg)
@@ -107,4 +107,14 @@ class TransformersSource(ModelSource):
             provenance={"family": family, **size, "seqlen": seqlen, "seed": seed,
                         "weights": "random"},
             torch_module=wrapped,
+            options={"seqlen": seqlen, "seed": seed},
         )
+
+    def estimate_bytes(self, name: str, batch_size: int, **options: Any) -> int:
+        key = name.strip().lower()
+        if key not in _MODELS:
+            return 0
+        size = _MODELS[key][1]
+        seqlen = min(int(options.get("seqlen") or 128), 1024)  # longer ones are refused by load() itself
+        act = 4 * batch_size * seqlen * (size["ffn"] + 4 * size["hidden"] + size["heads"] * seqlen)
+        return 8 * size["layers"] * act + 4 * 16 * size["layers"] * size["hidden"] ** 2 + (200 << 20)

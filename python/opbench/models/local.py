@@ -110,4 +110,11 @@ class LocalSource(ModelSource):
             batch_size=batch_size,
             provenance={"builder": key, "image_size": size, "seed": seed, "weights": "random"},
             torch_module=module,
+            options={"image_size": size, "seed": seed},
         )
+
+    def estimate_bytes(self, name: str, batch_size: int, **options: Any) -> int:
+        key = self.canonical(name)
+        size = int(options.get("image_size") or _ZOO[key][1])
+        # activations of these CNNs add up to a few dozen times the input; weights up to ~0.6 GB (vgg-16)
+        return 60 * 4 * batch_size * 3 * size * size + (600 << 20)

@@ -110,11 +110,12 @@ def _branchy(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputS
     return b.module(spec, body), spec
 
 
-_MODELS: dict[str, tuple[Callable[..., tuple[Any, InputSpec]], tuple[str, ...]]] = {
-    "matmul": (_matmul, ("n",)),
-    "matmul_matmul_add": (_matmul_matmul_add, ("n",)),
-    "ios_block": (_ios_block, ("channels", "size")),
-    "branchy": (_branchy, ("branches", "depth", "channels", "size")),
+# name -> (builder, options with their defaults)
+_MODELS: dict[str, tuple[Callable[..., tuple[Any, InputSpec]], dict[str, int]]] = {
+    "matmul": (_matmul, {"n": 1024}),
+    "matmul_matmul_add": (_matmul_matmul_add, {"n": 1024}),
+    "ios_block": (_ios_block, {"channels": 64, "size": 28}),
+    "branchy": (_branchy, {"branches": 4, "depth": 3, "channels": 64, "size": 28}),
 }
 
 
@@ -132,27 +133,44 @@ class SimpleSource(ModelSource):
         base = base.strip().lower()
         if base not in _MODELS:
             raise self.unknown(name)
-        builder, allowed = _MODELS[base]
-        try:
-            opts = parse_kv_options(opt_text)
-            bad = sorted(set(opts) - set(allowed))
-            if bad:
-                raise ValueError(
-                    f"unknown option '{bad[0]}' (accepted: {', '.join(allowed) or 'none'})"
-                )
-            for key, value in opts.items():
-                int(value)
-                if int(value) < 1:
-                    raise ValueError(f"option {key}={value} must be a positive integer")
-        except ValueError as err:
-            raise OpBenchError(f"bad options for simple model '{base}': {err}") from None
+        opts = self.options(base, opt_text)
         seed = int(options.get("seed") or 0)
-        mod, spec = builder(_Builder(seed), batch_size, opts)
+        mod, spec = _MODELS[base][0](_Builder(seed), batch_size, opts)
         return Workload(
-            name=name.strip(),
+            name=base,
             source=self.name,
             mod=mod,
             inputs=[spec],
             batch_size=batch_size,
             provenance={"builder": base, "options": opts, "seed": seed},
+            options={**opts, "seed": seed},
         )
+
+    def options(self, base: str, text: str) -> dict[str, int]:
+        """The model's options from ``key=value,...``, every default filled in (so ``branchy`` and
+        ``branchy:branches=4`` are the same workload)."""
+        defaults = _MODELS[base][1]
+        try:
+            given = parse_kv_options(text)
+            bad = sorted(set(given) - set(defaults))
+            if bad:
+                raise ValueError(f"unknown option '{bad[0]}' (accepted: {', '.join(defaults) or 'none'})")
+            opts = dict(defaults)
+            for key, value in given.items():
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"option {key}={value} must be a positive integer")
+                opts[key] = int(value)
+        except ValueError as err:
+            raise OpBenchError(f"bad options for simple model '{base}': {err}") from None
+        return opts
+
+    def estimate_bytes(self, name: str, batch_size: int, **options: Any) -> int:
+        base, _, text = name.partition(":")
+        base = base.strip().lower()
+        if base not in _MODELS:
+            return 0
+        o = self.options(base, text)
+        if "n" in o:  # weights n*n, activations batch*n*n, a few of each
+            return 4 * 4 * o["n"] * o["n"] * (batch_size + 1)
+        width = o["channels"] * o.get("branches", 3)
+        return 4 * 4 * batch_size * width * o["size"] ** 2 * (o.get("depth", 2) + 2) + 4 * 9 * width * width * 4

@@ -1,6 +1,5 @@
-"""Timing and the collection job."""
+"""Timing: warm-up, repeats, medians, L2 flush (local timing here, CUDA in :mod:`opbench.profile.cuda`)."""
 
-from .collect import CollectOptions, CollectResult, collect
 from .timer import Timing, TimingConfig, time_evaluator
 
-__all__ = ["CollectOptions", "CollectResult", "Timing", "TimingConfig", "collect", "time_evaluator"]
+__all__ = ["Timing", "TimingConfig", "time_evaluator"]

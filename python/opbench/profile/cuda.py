@@ -44,6 +44,39 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+_THROTTLE = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+             0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+             0x100: "display_clocks"}
+
+
+def _nvml_clock_and_throttle() -> tuple[int, int] | None:
+    """(SM clock in MHz, throttle-reason mask) of GPU 0 through NVML, or None without ``pynvml``."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return (int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                    int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # an NVML without this GPU or call: fall back to nvidia-smi
+        return None
+
+
+def _throttle(text: str) -> str | None:
+    """nvidia-smi's throttle bit mask as names (``none`` when the clocks run free)."""
+    try:
+        mask = int(text, 16) if text.lower().startswith("0x") else int(text)
+    except ValueError:
+        return None
+    names = [name for bit, name in _THROTTLE.items() if mask & bit]
+    return ",".join(names) or "none"
+
+
 class CudaProfiler:
     """Times operators and co-run groups on the GPU (see the module docstring for the method)."""
 
@@ -70,16 +103,21 @@ class CudaProfiler:
         """GPU tags at the start of a run."""
         smi = _nvidia_smi("driver_version,clocks.sm")
         return {
-            "device": "cuda", "gpu_name": self.props.name, "gpu_sm_count": self.props.multi_processor_count,
+            "gpu_name": self.props.name, "gpu_sm_count": self.props.multi_processor_count,
             "gpu_memory_mb": self.props.total_memory // (1 << 20),
             "gpu_driver": smi[0] if smi else None, "cuda_runtime": self.torch.version.cuda,
             "gpu_clock_start_mhz": _int(smi[1]) if smi else None,
         }
 
     def end_tags(self) -> dict[str, Any]:
-        """GPU tags at the end of a run (the SM clock)."""
-        smi = _nvidia_smi("clocks.sm")
-        return {"gpu_clock_end_mhz": _int(smi[0]) if smi else None}
+        """GPU tags at the end of a run: the SM clock and why it is throttled, if it is (NVML when
+        ``pynvml`` is importable, else nvidia-smi)."""
+        nvml = _nvml_clock_and_throttle()
+        if nvml is not None:
+            return {"gpu_clock_end_mhz": nvml[0], "gpu_throttle": _throttle(str(nvml[1]))}
+        smi = _nvidia_smi("clocks.sm,clocks_throttle_reasons.active")
+        return {"gpu_clock_end_mhz": _int(smi[0]) if smi else None,
+                "gpu_throttle": _throttle(smi[1]) if smi and len(smi) > 1 else None}
 
     # resources ---------------------------------------------------------------------------
     def resources(self, kernels: OperatorKernels) -> dict[int, dict[str, Any]]:

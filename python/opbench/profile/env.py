@@ -1,13 +1,22 @@
-"""Environment tags stored with every row: CPU, GPU, versions, time."""
+"""Environment tags stored with every row (CPU, GPU, versions, host, time) and the device fingerprint."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import os
 import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from .. import __version__
+from ..runtime.target import canonical_target, is_gpu
+from ..utils import digest
+
+THREAD_VARS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS")
 
 
 def cpu_model() -> str:
@@ -22,14 +31,72 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment_tags(device: str = "cpu") -> dict[str, Any]:
-    """Tags common to every row of a run (GPU tags are added by the CUDA profiler)."""
-    import tvm
+def device_name(target: Any) -> str:
+    """The GPU's name for CUDA targets, else the CPU model."""
+    if is_gpu(target):
+        import tvm
 
+        return str(tvm.cuda(0).device_name)
+    return cpu_model()
+
+
+def device_fingerprint(target: Any) -> dict[str, Any]:
+    """What identifies the measuring device: the full canonical target and the CPU or GPU name."""
+    return {"target": canonical_target(target), "device_name": device_name(target)}
+
+
+def device_id(target: Any) -> str:
+    """Digest of :func:`device_fingerprint` (the dataset's device key)."""
+    return digest(device_fingerprint(target))
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the OpBench checkout this code runs from (None when not a git checkout)."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return out + ("+dirty" if dirty else "") if out else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def thread_settings() -> str:
+    """The thread-count variables in force, e.g. ``TVM_NUM_THREADS=2 OMP_NUM_THREADS=-``."""
+    return " ".join(f"{v}={os.environ.get(v, '-')}" for v in THREAD_VARS)
+
+
+def environment_tags(target: Any) -> dict[str, Any]:
+    """Tags common to every row of a run (GPU clocks and throttle state come from the CUDA profiler)."""
+    import tvm
+    from tvm.target.codegen import llvm_version_major
+
+    freq = psutil.cpu_freq() if hasattr(psutil, "cpu_freq") else None
     return {
-        "device": device,
+        "device": str(target.kind.name),
+        "target": canonical_target(target),
+        "device_name": device_name(target),
+        "hostname": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_cores": psutil.cpu_count(logical=True),
+        "cpu_freq_mhz": round(freq.current, 1) if freq else None,
+        "thread_settings": thread_settings(),
         "tvm_version": tvm.__version__,
+        "llvm_version": str(llvm_version_major()),
+        "torch_version": _version("torch"),
+        "python_version": platform.python_version(),
         "opbench_version": __version__,
+        "opbench_commit": git_commit(),
     }

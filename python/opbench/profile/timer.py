@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -24,8 +25,10 @@ class TimingConfig:
     min_repeat_ms:
         Minimum duration of one sample.
     flush_l2:
-        Flush caches before every sample (CPU: TVM's cache flush of all but the first argument;
-        GPU: a write of twice the L2 size), the same for every variant compared.
+        Flush caches before every timed call, the same for every variant compared. CPU: TVM's
+        cache flush of all but the first argument before each sample, with one call per sample
+        (``number=1``, no ``min_repeat_ms``); GPU: a write of twice the L2 size before each sample
+        of one replay.
     """
 
     warmup: int = 1
@@ -72,20 +75,22 @@ def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],
     """Time function ``name`` of a TVM module or Relax VM with TVM's ``time_evaluator``.
 
     ``config.warmup`` untimed calls come first (``time_evaluator`` adds one more of its own).
+    TVM takes ``min_repeat_ms`` in whole milliseconds: a fraction is rounded up, never down to 0.
     """
     func = module.get_function(name, query_imports=True) if hasattr(module, "get_function") \
         else module[name]
     for _ in range(config.warmup):
         func(*args)
     device.sync()
+    flush_cpu = config.flush_l2 and device.dlpack_device_type() == 1
+    number = 1 if flush_cpu else config.number
     evaluator = module.time_evaluator(
-        name, device, number=config.number, repeat=config.repeat,
-        min_repeat_ms=int(round(config.min_repeat_ms)),
-        f_preproc="cache_flush_cpu_non_first_arg" if config.flush_l2 and device.dlpack_device_type() == 1
-        else "",
+        name, device, number=number, repeat=config.repeat,
+        min_repeat_ms=0 if flush_cpu else math.ceil(config.min_repeat_ms),
+        f_preproc="cache_flush_cpu_non_first_arg" if flush_cpu else "",
     )
     result = evaluator(*args)
-    return Timing([float(s) for s in result.results], config.number)
+    return Timing([float(s) for s in result.results], number)
 
 
 def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3,

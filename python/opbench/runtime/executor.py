@@ -1,6 +1,6 @@
 """The parallel graph executor: run any valid schedule on CUDA streams, captured in a CUDA Graph.
 
-Capture follows DESIGN.md section 4: every buffer exists before capture (static inputs and
+Capture follows docs/architecture.md ("Parallel execution"): every buffer exists before capture (static inputs and
 outputs); the capture stream records a fork event that every worker stream waits on; operators
 are launched in the schedule's global order, each on its stream, waiting on the events of its
 cross-stream producers; finally the capture stream waits on an event from every worker (join).

@@ -31,9 +31,13 @@ class OperatorKernels:
         self.built = built
         self.device = built.device
         self.funcs = {}
+        cpu = self.device.dlpack_device_type() == 1
         for node in graph:
             if node.func not in self.funcs:
-                self.funcs[node.func] = built.kernel(node.func)
+                func = built.kernel(node.func)
+                if cpu:  # kernels on several host threads (the CPU executor) then really run side by side
+                    func.release_gil = True
+                self.funcs[node.func] = func
         self._consts: dict[int, Any] = {}
 
     def constant(self, index: int) -> Any:

@@ -67,5 +67,10 @@ def device_for(target: Any) -> Any:
 
 
 def target_key(target: Any) -> str:
-    """Short name of a target for the dataset (``llvm`` or ``cuda``)."""
+    """Short name of a target (``llvm`` or ``cuda``)."""
     return str(target.kind.name)
+
+
+def canonical_target(target: Any) -> str:
+    """The full target as canonical JSON (kind and every attribute, keys sorted): what the dataset records."""
+    return json.dumps(json.loads(str(target)), sort_keys=True, separators=(",", ":"))

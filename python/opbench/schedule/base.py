@@ -84,26 +84,72 @@ class Schedule:
                 "events": [list(e) for e in self.events], "stages": self.stages, "meta": self.meta}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Schedule:
-        try:
-            return cls(name=str(data["name"]), stream_of=[int(s) for s in data["stream_of"]],
-                       order=[int(o) for o in data["order"]],
-                       events=[(int(u), int(v)) for u, v in data["events"]], stages=data.get("stages"),
-                       meta=dict(data.get("meta") or {}))
-        except (KeyError, TypeError, ValueError) as err:
-            raise OpBenchError(f"bad schedule data: {type(err).__name__} {err} "
-                               "(expected name, stream_of, order, events)") from None
+    def from_dict(cls, data: Any) -> Schedule:
+        """A schedule from plain data, checked strictly: every number an integer (no strings, floats or
+        booleans coerced), streams and operators within range, no operator twice."""
+        if not isinstance(data, dict):
+            raise OpBenchError(f"bad schedule data: a JSON object expected, got {type(data).__name__}")
+        missing = [k for k in ("name", "stream_of", "order", "events") if k not in data]
+        if missing:
+            raise OpBenchError(f"bad schedule data: missing {', '.join(missing)} "
+                               "(expected name, stream_of, order, events)")
+        if not isinstance(data["name"], str):
+            raise OpBenchError("bad schedule data: 'name' must be a string")
+        stream_of = _int_list(data["stream_of"], "stream_of")
+        n = len(stream_of)
+        for op, s in enumerate(stream_of):
+            if not 0 <= s < max(n, 1):
+                raise OpBenchError(f"bad schedule data: operator {op} is on stream {s}, outside 0..{max(n - 1, 0)}")
+        order = _int_list(data["order"], "order")
+        seen: set[int] = set()
+        for op in order:
+            if not 0 <= op < n:
+                raise OpBenchError(f"bad schedule data: order names operator {op}, outside 0..{n - 1}")
+            if op in seen:
+                raise OpBenchError(f"bad schedule data: operator {op} appears twice in 'order'")
+            seen.add(op)
+        events = data["events"]
+        if not isinstance(events, list) or not all(isinstance(e, list) and len(e) == 2 for e in events):
+            raise OpBenchError("bad schedule data: 'events' must be a list of [producer, consumer] pairs")
+        pairs = [tuple(_int_list(e, "events")) for e in events]
+        stages = data.get("stages")
+        if stages is not None:
+            if not (isinstance(stages, list) and all(isinstance(st, list) and all(isinstance(g, list) for g in st)
+                                                     for st in stages)):
+                raise OpBenchError("bad schedule data: 'stages' must be a list of stages, each a list of groups "
+                                   "of operator indices")
+            stages = [[_int_list(g, "stages") for g in st] for st in stages]
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise OpBenchError("bad schedule data: 'meta' must be an object")
+        return cls(name=data["name"], stream_of=stream_of, order=order, events=pairs, stages=stages, meta=dict(meta))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Schedule:
+        """Read a schedule file; anything malformed is a one-line :class:`OpBenchError`."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise OpBenchError(f"cannot read schedule '{path}': {err}") from None
-        return cls.from_dict(data)
+            raw = Path(path).read_bytes()
+        except OSError as err:
+            raise OpBenchError(f"cannot read schedule '{path}': {err.strerror}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise OpBenchError(f"schedule '{path}' is not UTF-8 text") from None
+        try:
+            data = json.loads(text, parse_constant=_no_constant)
+        except json.JSONDecodeError as err:
+            raise OpBenchError(f"schedule '{path}' is not valid JSON: {err}") from None
+        except ValueError as err:
+            raise OpBenchError(f"schedule '{path}': {err}") from None
+        except RecursionError:
+            raise OpBenchError(f"schedule '{path}' is nested too deeply") from None
+        try:
+            return cls.from_dict(data)
+        except OpBenchError as err:
+            raise OpBenchError(f"schedule '{path}': {err}") from None
 
     def validate(self, graph: DAG) -> Schedule:
         """Check that every dependency is ordered; raise naming the first offending edge."""
@@ -150,6 +196,20 @@ class Schedule:
                 if ops:
                     lines.append(f"  stream {s}: {' '.join(str(op) for op in ops)}")
         return "\n".join(lines)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a schedule can hold")
+
+
+def _int_list(value: Any, field: str) -> list[int]:
+    """``value`` as a list of integers, refusing anything that is not one (``True``, ``1.0``, ``"1"``, 1e400)."""
+    if not isinstance(value, list):
+        raise OpBenchError(f"bad schedule data: '{field}' must be a list of integers")
+    for item in value:
+        if type(item) is not int:
+            raise OpBenchError(f"bad schedule data: '{field}' holds {json.dumps(item)[:40]}, not an integer")
+    return list(value)
 
 
 def cross_stream_events(graph: DAG, stream_of: list[int], reduced: bool = True) -> list[tuple[int, int]]:

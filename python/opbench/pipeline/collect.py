@@ -1,5 +1,11 @@
 """The collection job: extract a model's operators, compile them once, check them against the
-Relax VM, time every operator and the whole model, and write each row as soon as it is measured."""
+Relax VM, time every operator and the whole model, and write each row as soon as it is measured.
+
+Rows are keyed by the workload's fingerprint, the device's fingerprint and the measurement variant
+(see :mod:`opbench.dataset.schema`). A re-run skips operators already measured under the same key;
+the ``models`` row (whole-model VM latency) is written only by a run that measured operators, with
+``force``, or when the model has no row yet, so it always describes the same run as the operators.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,17 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .. import signals
 from ..dataset import Dataset, model_key, now
 from ..errors import OpBenchError
 from ..ir import OpGraph, extract_operators
 from ..models import Workload
-from ..runtime import OperatorKernels, build_module, flatten_outputs, relative_error, target_key
-from .env import environment_tags
-from .timer import Timing, TimingConfig, time_evaluator
+from ..profile.env import device_id, environment_tags
+from ..profile.timer import Timing, TimingConfig, time_evaluator
+from ..runtime import OperatorKernels, build_module, canonical_target, flatten_outputs, relative_error
 
 log = logging.getLogger("opbench")
 
@@ -48,16 +56,29 @@ class CollectResult:
     compile_s: float
     measure_s: float
     dataset_path: str
+    run_id: int = 0
+    key: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model_row_written: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _progress(iterable: Any, enabled: bool, desc: str, total: int) -> Any:
+def progress(items: Iterable[Any], enabled: bool, desc: str, total: int, unit: str = "op") -> Iterator[Any]:
+    """A progress bar on a terminal; plain log lines (about every tenth) when stderr is not one."""
     if not enabled:
-        return iterable
-    from tqdm import tqdm
+        yield from items
+        return
+    if sys.stderr.isatty():
+        from tqdm import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, unit="op", file=sys.stderr, leave=False,
-                dynamic_ncols=True)
+        yield from tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, leave=True, dynamic_ncols=True)
+        return
+    step = max(1, total // 10) if total >= 20 else max(total, 1)
+    start = time.perf_counter()
+    for i, item in enumerate(items):
+        yield item
+        if (i + 1) % step == 0 or i + 1 == total:
+            log.info("%s: %d/%d %ss (%.1f s)", desc, i + 1, total, unit, time.perf_counter() - start)
 
 
 def operator_row(node: Any, graph: OpGraph, task_uses: int) -> dict[str, Any]:
@@ -78,6 +99,22 @@ def _throughput(row: dict[str, Any], timing: Timing) -> None:
     row["gbytes_per_s"] = row["bytes"] / median / 1e9 if median > 0 else None
 
 
+def measurement_key(workload: Workload, target: Any, config: str = "default", l2_flush: bool = False
+                    ) -> dict[str, Any]:
+    """The dataset key of ``workload`` measured on ``target``, with its readable columns."""
+    from ..profile.env import device_name
+
+    return model_key(workload.workload_id, device_id(target), config, l2_flush,
+                     source=workload.source, model=workload.name, batch_size=workload.batch_size,
+                     workload=workload.fingerprint(), target=canonical_target(target),
+                     device_name=device_name(target))
+
+
+def _phase(message: str, *args: Any) -> None:
+    signals.check()
+    log.info(message, *args)
+
+
 def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectOptions | None = None,
             command: str = "", profiler: Any = None) -> CollectResult:
     """Measure every operator of ``workload`` on ``target`` and write the rows to ``dataset``.
@@ -89,18 +126,19 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         ``resources()`` and ``corun()``; the default times with TVM's ``time_evaluator``.
     """
     options = options or CollectOptions()
-    tkey = target_key(target)
-    key = model_key(workload.source, workload.name, workload.batch_size, tkey, options.config)
-    tags = environment_tags(tkey)
+    key = measurement_key(workload, target, options.config, options.timing.flush_l2)
+    tags = environment_tags(target)
     if profiler is not None:
         tags.update(profiler.tags())
     run_id = dataset.start_run(command, tags)
     status = "failed"
     try:
+        _phase("%s: extracting operators (lowering to fused kernels)", workload.name)
         lowered, graph = extract_operators(workload.mod, target)
-        log.info("%s: %d operators, %d unique tasks", workload.name, len(graph), len(graph.tasks()))
+        _phase("%s: %d operators, %d unique tasks; compiling for %s", workload.name, len(graph),
+               len(graph.tasks()), target.kind.name)
         built = build_module(lowered, target)
-        log.info("compiled in %.1f s", built.compile_seconds)
+        _phase("compiled in %.1f s", built.compile_seconds)
         kernels = OperatorKernels(graph, built)
         try:
             inputs = kernels.to_device(workload.example_inputs(options.seed))
@@ -113,6 +151,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         vm = built.vm()
         error = None
         if options.check:
+            _phase("checking the per-operator replay against the Relax VM")
             error = relative_error(outputs, flatten_outputs(vm["main"](*inputs)))
             if error > options.tolerance:
                 log.warning("per-operator replay differs from the Relax VM: relative error %.3g", error)
@@ -121,8 +160,10 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         timed: dict[str, tuple[Timing | None, str | None]] = {}
         measured = skipped = failed = 0
         start = time.perf_counter()
-        base = {**key, **tags, "run_id": run_id, "l2_flush": int(options.timing.flush_l2)}
-        for node in _progress(graph, options.progress, workload.name, len(graph)):
+        base = {**key, **tags, "run_id": run_id}
+        signals.check()
+        for node in progress(graph, options.progress, workload.name, len(graph)):
+            signals.check()
             if not options.force and dataset.has("operators", {**key, "op_index": node.index}):
                 skipped += 1
                 continue
@@ -137,6 +178,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                                                 [*args, *outs], options.timing)
                     timed[node.task] = (timing, None)
                 except Exception as err:  # a kernel that fails is recorded, the run goes on
+                    signals.check()
                     timed[node.task] = (None, f"{type(err).__name__}: {str(err).strip()[:500]}")
             timing, err_text = timed[node.task]
             row = {**base, **operator_row(node, graph, tasks[node.task].count),
@@ -150,48 +192,71 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 failed += 1
             dataset.put("operators", row)
         measure_s = time.perf_counter() - start
-        rows = dataset.rows("operators", key)
+        rows = dataset.rows("operators", key_only(key))
         corun_summary = {}
         if profiler is not None and getattr(profiler, "corun_limit", 0):
+            _phase("measuring co-run groups")
             corun_summary = _collect_coruns(graph, kernels, inputs, values, profiler, dataset, options,
                                             key, {**tags, "run_id": run_id})
-        vm_timing = None
-        if options.measure_vm:
-            vm_timing = time_evaluator(vm, "main", built.device, inputs, options.timing)
-        if profiler is not None:
-            tags.update(profiler.end_tags())
-        model_row = {
-            **key, **tags, "run_id": run_id, "num_ops": len(graph), "unique_tasks": len(tasks),
-            "sum_op_latency_s": sum(r["latency_median_s"] or 0.0 for r in rows),
-            "vm_latency_median_s": vm_timing.median if vm_timing else None,
-            "vm_latency_std_s": vm_timing.std if vm_timing else None,
-            "replay_rel_error": error, "compile_s": built.compile_seconds, "measure_s": measure_s,
-            "provenance": workload.provenance, "status": "ok" if not failed else "partial",
-            "measured_at": now(),
-        }
-        dataset.put("models", model_row)
+        existing = dataset.rows("models", key_only(key))
+        write_model = bool(measured or failed or options.force or not existing)
+        if write_model:
+            vm_timing = None
+            if options.measure_vm:
+                _phase("timing the whole model in the Relax VM")
+                vm_timing = time_evaluator(vm, "main", built.device, inputs, options.timing)
+            if profiler is not None:
+                tags.update(profiler.end_tags())
+            model_row = {
+                **key, **tags, "run_id": run_id, "num_ops": len(graph), "unique_tasks": len(tasks),
+                "sum_op_latency_s": sum(r["latency_median_s"] or 0.0 for r in rows),
+                "vm_latency_median_s": vm_timing.median if vm_timing else None,
+                "vm_latency_std_s": vm_timing.std if vm_timing else None,
+                "replay_rel_error": error, "compile_s": built.compile_seconds, "measure_s": measure_s,
+                "provenance": workload.provenance,
+                "status": "ok" if not any(r["status"] != "ok" for r in rows) else "partial",
+                "measured_at": now(),
+            }
+            dataset.put("models", model_row)
+        else:
+            model_row = existing[-1]
+            log.info("nothing new to measure: the %d operators are in the dataset from run %s "
+                     "(--force measures again)", len(rows), model_row["run_id"])
         extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values,
                                  "summary": corun_summary, "resources": resources}
-        status = "ok"
+        status = "ok" if not failed else "partial"
         return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
-                             built.compile_seconds, measure_s, str(dataset.path), extra)
+                             built.compile_seconds, measure_s, str(dataset.path), run_id, key, tags,
+                             write_model, extra)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except BaseException:
+        if signals.received():
+            status = "interrupted"
+        raise
     finally:
         dataset.finish_run(run_id, status)
+
+
+def key_only(key: dict[str, Any]) -> dict[str, Any]:
+    """The key columns of a measurement key (without its readable columns)."""
+    from ..dataset.schema import KEY_COLUMNS
+
+    return {c: key[c] for c in KEY_COLUMNS}
 
 
 def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, values: Any, profiler: Any,
                     dataset: Dataset, options: CollectOptions, key: dict[str, Any],
                     base: dict[str, Any]) -> dict[str, Any]:
     """Measure co-run groups from the model's antichains and write one row per group."""
-    from .antichain import corun_groups
+    from ..profile.antichain import corun_groups
 
     groups = corun_groups(graph, profiler.corun_k, profiler.corun_limit)
     start = time.perf_counter()
     measured = skipped = failed = 0
-    for group in _progress(groups, options.progress, "co-run", len(groups)):
+    for group in progress(groups, options.progress, "co-run", len(groups), unit="group"):
+        signals.check()
         gkey = "-".join(str(i) for i in group)
         if not options.force and dataset.has("corun", {**key, "group_key": gkey}):
             skipped += 1
@@ -204,6 +269,7 @@ def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, value
             row.update(profiler.corun(kernels, group, inputs, values, options.timing))
             measured += 1
         except Exception as err:  # a group that fails is recorded, the run goes on
+            signals.check()
             row.update(status="failed", error=f"{type(err).__name__}: {str(err).strip()[:500]}")
             failed += 1
         dataset.put("corun", row)
@@ -211,4 +277,4 @@ def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, value
             "corun_failed": failed, "corun_s": time.perf_counter() - start}
 
 
-__all__ = ["CollectOptions", "CollectResult", "collect"]
+__all__ = ["CollectOptions", "CollectResult", "collect", "measurement_key", "progress"]

@@ -1,0 +1,92 @@
+"""Schema migrations: each older version's columns, and how its rows become version-2 rows.
+
+Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
+the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
+workload and the full target were not recorded), so migrated rows get keys of their own, marked
+``{"schema": 1}`` in ``workload``: they never collide with rows measured by version 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+
+from ..utils import digest
+from .schema import SCHEMA_VERSION, TABLES, columns_of, create_statements
+
+_V1_ENV = ["device", "cpu_model", "cpu_cores", "gpu_name", "gpu_sm_count", "gpu_memory_mb", "gpu_driver",
+           "cuda_runtime", "gpu_clock_start_mhz", "gpu_clock_end_mhz", "tvm_version", "opbench_version",
+           "measured_at"]
+_V1_KEY = ["source", "model", "batch_size", "target", "config"]
+_V1 = {
+    "meta": ["key", "value"],
+    "runs": ["run_id", "started_at", "finished_at", "status", "command", "env"],
+    "operators": ["id", "run_id", *_V1_KEY, "op_index", "func", "task", "task_uses", "kind", "ops", "attrs",
+                  "input_shapes", "input_dtypes", "output_shapes", "output_dtypes", "preds", "flops", "bytes",
+                  "arithmetic_intensity", "latency_median_s", "latency_mean_s", "latency_std_s",
+                  "latency_min_s", "latency_max_s", "repeats", "number", "l2_flush", "gflops", "gbytes_per_s",
+                  "num_kernels", "grid", "block", "registers", "static_smem", "dynamic_smem", "threads",
+                  "occupancy", "sms_used", "status", "error", *_V1_ENV],
+    "models": ["id", "run_id", *_V1_KEY, "num_ops", "unique_tasks", "sum_op_latency_s", "vm_latency_median_s",
+               "vm_latency_std_s", "replay_rel_error", "compile_s", "measure_s", "provenance", "status", "error",
+               *_V1_ENV],
+    "corun": ["id", "run_id", *_V1_KEY, "group_key", "group_size", "op_indices", "kinds", "features",
+              "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
+              "error", *_V1_ENV],
+}
+_V2 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+
+# schema version -> {table: columns}
+KNOWN = {1: _V1, 2: _V2}
+
+
+def _v1_keys(row: dict) -> dict:
+    workload = {"source": row["source"], "model": row["model"], "batch_size": row["batch_size"], "schema": 1}
+    device_name = row.get("gpu_name") or row.get("cpu_model")
+    device = {"target": row["target"], "device_name": device_name, "schema": 1}
+    return {"workload_id": digest(workload), "device_id": digest(device), "workload": json.dumps(workload),
+            "device_name": device_name, "l2_flush": int(row.get("l2_flush") or 0)}
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One explicit transaction, DDL included (Python's sqlite3 commits DDL on its own otherwise)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+
+
+def migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Migrate an open dataset from ``version`` to the current one, in one transaction."""
+    if version != 1:
+        raise ValueError(f"no migration from schema version {version}")
+    conn.row_factory = sqlite3.Row
+    try:
+        with transaction(conn):
+            for table in TABLES:
+                conn.execute(f"ALTER TABLE {table} RENAME TO _v1_{table}")
+            conn.execute("ALTER TABLE meta RENAME TO _v1_meta")
+            for stmt in create_statements():
+                if not stmt.startswith("CREATE TABLE runs"):
+                    conn.execute(stmt)
+            meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM _v1_meta")}
+            meta.update(schema_version=str(SCHEMA_VERSION), migrated_from="1")
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+            for table, (columns, _) in TABLES.items():
+                names = ["id", "run_id", *(c for c, _ in columns)]
+                for old in conn.execute(f"SELECT * FROM _v1_{table} ORDER BY id").fetchall():
+                    row = dict(old)
+                    row.update(_v1_keys(row))
+                    values = [row.get(c) for c in names]
+                    conn.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                                 values)
+                conn.execute(f"DROP TABLE _v1_{table}")
+            conn.execute("DROP TABLE _v1_meta")
+    finally:
+        conn.row_factory = None
