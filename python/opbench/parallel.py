@@ -202,13 +202,14 @@ def capturer(inputs: Sequence[Any], model: Any, schedulers: Sequence[Any] = DEFA
 
 
 def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
-                resources: bool = True) -> TVMBackend:
-    """Extract, compile and wrap a workload's TVM kernels as a backend."""
+                resources: bool = True, database: Any = None) -> TVMBackend:
+    """Extract, compile and wrap a workload's TVM kernels as a backend (tuned ones from ``database``,
+    a MetaSchedule database, where it has them)."""
     from .ir import extract_operators
     from .runtime import OperatorKernels, build_module
 
     lowered, graph = extract_operators(workload.mod, target)
-    kernels = OperatorKernels(graph, build_module(lowered, target))
+    kernels = OperatorKernels(graph, build_module(lowered, target, database))
     res = None
     if resources and kernels.device.dlpack_device_type() == 2:
         from .profile.cuda import CudaProfiler

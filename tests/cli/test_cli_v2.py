@@ -186,7 +186,7 @@ def test_json_to_stdout_with_run_and_environment(tmp_path):
                "--repeat", "2", "--min-repeat-ms", "1", "--json", "-")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)  # stdout is pure JSON; the table went to stderr
-    assert summary["run_id"] == 1 and summary["schema_version"] == 2
+    assert summary["run_id"] == 1 and summary["schema_version"] == 3
     env = summary["environment"]
     for tag in ("hostname", "cpu_model", "tvm_version", "llvm_version", "python_version", "target",
                 "thread_settings"):
@@ -208,7 +208,7 @@ def test_models_and_export_json(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python"), **env_path})
     assert proc.returncode == 0, proc.stderr
     files = {f["table"]: f["rows"] for f in json.loads(proc.stdout)["files"]}
-    assert files == {"runs": 1, "operators": 1, "models": 1, "corun": 0}
+    assert files == {"runs": 1, "operators": 1, "models": 1, "corun": 0, "trials": 0}
 
 
 def test_version_and_help():

@@ -41,7 +41,7 @@ def test_rows_written_and_read(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "2" and meta["created_by"].startswith("opbench ")
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
@@ -100,19 +100,19 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     _v1_file(path)
     before = sha(path)
     with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
-        assert ds.schema_version() == 2
+        assert ds.schema_version() == 3
         (op,) = ds.rows("operators")
         (model,) = ds.rows("models")
     backup = tmp_path / "old.sqlite.v1-backup"
     assert sha(backup) == before  # the backup is the original, byte for byte
     assert [r.message for r in caplog.records if "migrated" in r.message] == [
-        f"migrated dataset {path} from schema version 1 to 2; the original is kept as {backup}"]
+        f"migrated dataset {path} from schema version 1 to 3; the original is kept as {backup}"]
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "2", "migrated_from": "1"}
+    assert meta == {"schema_version": "3", "migrated_from": "1"}
     # a v2 key can never be one of these: migrated workloads are marked
     with Dataset(path) as ds:
         assert not ds.has("operators", {**KEY, "op_index": 0})
@@ -165,7 +165,7 @@ def _junk(path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (_junk, "not an OpBench dataset (not an SQLite file)"),
     (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
-    (_newer, "schema version 99, newer than this OpBench reads (2)"),
+    (_newer, "schema version 99, newer than this OpBench reads (3)"),
     (_foreign_column, "table 'operators' has foreign columns secret"),
     (_foreign_table, "foreign tables: extra"),
 ])
@@ -270,7 +270,7 @@ def test_export_is_read_only_and_typed(tmp_path):
     assert len(frame) == 4 and list(frame["op_index"]) == [0, 1, 2, 3]
     assert frame["preds"].iloc[2] == "[0, 1]"  # lists as JSON in CSV
     files = export(path, "csv", tmp_path / "all.csv")
-    assert [f.name for f in files] == ["all-runs.csv", "all-operators.csv", "all-models.csv", "all-corun.csv"]
+    assert [f.name for f in files] == [f"all-{t}.csv" for t in ("runs", "operators", "models", "corun", "trials")]
     assert sha(path) == before
     pytest.importorskip("pyarrow")
     (pq,) = export(path, None, tmp_path / "ops.parquet", ["operators"])
@@ -299,3 +299,19 @@ def test_export_errors(tmp_path):
     Dataset(tmp_path / "d.sqlite").close()
     with pytest.raises(OpBenchError, match="unknown table 'ops'"):
         export(tmp_path / "d.sqlite", "csv", tmp_path / "o.csv", ["ops"])
+
+
+def test_v2_gains_the_trials_table(tmp_path):
+    from opbench.dataset.schema import create_statements
+
+    path = tmp_path / "v2.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        for stmt in create_statements():
+            if "CREATE TABLE trials" not in stmt:
+                conn.execute(stmt)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+        conn.commit()
+    with Dataset(path) as ds:
+        ds.put("operators", _row(0))
+        assert ds.schema_version() == 3 and ds.count("trials") == 0
+    assert (tmp_path / "v2.sqlite.v2-backup").is_file()

@@ -28,13 +28,8 @@ from ..errors import OpBenchError
 from ..utils import announced, parse_bool
 
 DEFAULT_DATASET = os.path.join("data", "opbench.sqlite")
-TUNERS = ("xgb", "xgb_knob", "xgb_itervar", "ga", "random", "gridsearch", "evolutionary")
-LATER = {
-    "iftune": "--iftune true: schedule tuning with MetaSchedule (every trial kept) is not "
-              "implemented in this version yet; run without --iftune to measure default schedules",
-}
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FAILED_OPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-COMMANDS = ("collect", "export", "models", "compare")
+COMMANDS = ("collect", "export", "models", "compare", "configspace")
 log = logging.getLogger("opbench")
 
 
@@ -126,10 +121,14 @@ def _add_collect(sub: Any, prog: str | None = None) -> None:
                            {"prog": prog} if prog else {}))
     g = p.add_argument_group("OpBench-compatible flags")
     _add_model_flags(p, g)
-    g.add_argument("--iftune", type=_bool, default=False, help="tune schedules (true/false)")
+    g.add_argument("--iftune", type=_bool, default=False,
+                   help="tune every unique task with MetaSchedule, then measure the tuned kernels (true/false)")
     g.add_argument("--ifcompare", type=_bool, default=False, help="compare parallel schedules (true/false)")
-    g.add_argument("--tuner", default="xgb", help=f"tuner ({', '.join(TUNERS)})")
-    g.add_argument("--trials", type=_positive_int, default=64, help="tuning trials per task")
+    g.add_argument("--tuner", default="xgb", help=f"tuner ({', '.join(_tuner_names())})")
+    g.add_argument("--trials", type=_positive_int, default=64, help="measured candidates per task when tuning")
+    p.add_argument("--tune-tasks", type=_positive_int, default=None,
+                   help="tune only the N heaviest tasks (default: every task)")
+    _add_database_flag(p)
     p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
     p.add_argument("--force", action="store_true", help="re-measure rows already in the dataset")
     p.add_argument("--repeat", type=_positive_int, default=10, help="timed samples per operator")
@@ -147,6 +146,18 @@ def _add_collect(sub: Any, prog: str | None = None) -> None:
     p.set_defaults(func=cmd_collect)
 
 
+def _tuner_names() -> list[str]:
+    from ..tune.tuners import TUNERS
+
+    return list(TUNERS)
+
+
+def _add_database_flag(p: Any) -> None:
+    p.add_argument("--database", default=None,
+                   help="MetaSchedule tuning database folder: tuned kernels where it has records (default with "
+                        "--iftune: <dataset>.tuning beside the dataset)")
+
+
 def _add_schedule_flags(p: Any) -> None:
     g = p.add_argument_group("parallel schedules (--ifcompare, compare)")
     g.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
@@ -162,6 +173,7 @@ def _add_compare(sub: Any) -> None:
                                    "threads on CPU) and print latency, speedup and output error.")
     _add_model_flags(p)
     p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
+    _add_database_flag(p)
     p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
     _add_common(p)
@@ -179,6 +191,16 @@ def _add_export(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     _add_common(p)
     p.set_defaults(func=cmd_export)
+
+
+def _add_configspace(sub: Any) -> None:
+    p = sub.add_parser("configspace", help="write each task's tuning design space as JSON", formatter_class=_Formatter,
+                       description="Write every unique task's MetaSchedule design space as JSON: its sketches, "
+                                   "every sampling instruction with its domain, and the space size.")
+    _add_model_flags(p)
+    p.add_argument("--json", default="-", help="output file ('-': stdout)")
+    _add_common(p)
+    p.set_defaults(func=cmd_configspace)
 
 
 def _add_models(sub: Any) -> None:
@@ -199,6 +221,7 @@ def build_parser(prog: str = "opbench") -> argparse.ArgumentParser:
     _add_export(sub)
     _add_models(sub)
     _add_compare(sub)
+    _add_configspace(sub)
     return parser
 
 
@@ -305,15 +328,13 @@ def format_kinds(totals: dict[str, Any]) -> str:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from ..dataset import SCHEMA_VERSION, Dataset
+    from ..dataset import SCHEMA_VERSION, Dataset, inspect_file
     from ..pipeline import CollectOptions, collect
     from ..profile import TimingConfig
     from ..runtime import is_gpu, resolve_target
+    from ..tune import get_tuner
 
-    if args.iftune:
-        raise OpBenchError(LATER["iftune"])
-    if args.tuner not in TUNERS:
-        raise OpBenchError(f"unknown tuner '{args.tuner}' (accepted: {', '.join(TUNERS)})")
+    tuner = get_tuner(args.tuner)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.ifcompare:
@@ -322,9 +343,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
     path = dataset_path(args)
-    from ..dataset import inspect_file
-
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
+    database_dir = _database_dir(args, path)
     workload = _load(args)
     profiler = None
     if is_gpu(target):
@@ -334,11 +354,21 @@ def cmd_collect(args: argparse.Namespace) -> int:
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
     command = shlex.join([args.prog_name, *args.argv])
+    out = _human(args)
+
+    def options(applied: Any = None, force: bool = args.force) -> Any:
+        return CollectOptions(timing=timing, force=force, check=not args.no_check, progress=not args.quiet,
+                              seed=args.seed, config=applied.config if applied else "default",
+                              database=applied.database if applied else None)
+
+    tuning: dict[str, Any] | None = None
     with Dataset(path) as dataset:
-        result = collect(workload, target, dataset,
-                         CollectOptions(timing=timing, force=args.force, check=not args.no_check,
-                                        progress=not args.quiet, seed=args.seed),
-                         command=command, profiler=profiler)
+        if args.iftune:
+            result, tuning = _collect_tuned(args, workload, target, dataset, database_dir, tuner, options,
+                                            command, profiler, out)
+        else:
+            applied = _applied(database_dir, workload, target) if database_dir else None
+            result = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
     m = result.model_row
     totals = kind_totals(result.rows)
     summary = {
@@ -355,15 +385,19 @@ def cmd_collect(args: argparse.Namespace) -> int:
         **totals, "environment": result.tags,
         **result.extra.get("summary", {}),
     }
-    out = _human(args)
+    if tuning is not None:
+        summary["tuning"] = tuning
     if not args.quiet:
         print(format_table(result.rows), file=out)
         print(file=out)
         print(format_kinds(totals), file=out)
+    if tuning is not None:
+        print(format_tuning(tuning), file=out)
     err = summary["replay_rel_error"]
     vm_from = "" if result.model_row_written else f" (from run {m['run_id']})"
+    kernels = "" if result.key["config"] == "default" else f", tuned kernels {result.key['config']}"
     print(f"{summary['model']} ({summary['source']}, batch {summary['batch_size']}, "
-          f"{target.kind.name}): {summary['operators']} operators, "
+          f"{target.kind.name}{kernels}): {summary['operators']} operators, "
           f"{summary['unique_tasks']} unique tasks, {result.failed} failed; "
           f"sum of operator latencies {summary['sum_op_latency_ms']:.3f} ms; "
           f"Relax VM {summary['vm_latency_ms']:.3f} ms"
@@ -380,6 +414,106 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, summary)
     return EXIT_FAILED_OPS if result.failed else EXIT_OK
+
+
+def _database_dir(args: argparse.Namespace, dataset: str) -> Path | None:
+    """``--database``, else (with ``--iftune``) ``<dataset>.tuning``; checked before any work."""
+    from ..tune.database import default_database_dir
+
+    if args.database is None and not getattr(args, "iftune", False):
+        return None
+    folder = Path(args.database) if args.database else default_database_dir(dataset)
+    if folder.exists() and not folder.is_dir():
+        raise OpBenchError(f"--database {str(folder)!r} is not a folder")
+    if args.database and not getattr(args, "iftune", False) and not folder.is_dir():
+        raise OpBenchError(f"tuning database not found: {str(folder)!r} (tune first with --iftune true)")
+    return folder
+
+
+def _applied(database_dir: Path, workload: Any, target: Any, exclude: set[str] | None = None) -> Any:
+    from ..pipeline.tune import extracted_tasks
+    from ..tune.database import applied_database
+
+    applied = applied_database(database_dir, extracted_tasks(workload, target), target, exclude)
+    if applied is None:
+        log.warning("tuning database %s has no record for this model's tasks; default kernels", database_dir)
+    return applied
+
+
+def _task_latency(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median latency of each task (by its fused function name) from operator rows."""
+    return {r["func"]: r["latency_median_s"] for r in rows if r["latency_median_s"] is not None}
+
+
+def _collect_tuned(args: argparse.Namespace, workload: Any, target: Any, dataset: Any, database_dir: Path,
+                   tuner: Any, options: Any, command: str, profiler: Any, out: TextIO) -> tuple[Any, dict[str, Any]]:
+    """--iftune: default kernels, tuning, tuned kernels (a tuned kernel slower than its default one is
+    dropped), and the comparison."""
+    from ..pipeline import collect
+    from ..pipeline.tune import tune_workload
+    from ..tune.database import applied_database
+
+    log.info("1/3 measuring the default kernels")
+    default = collect(workload, target, dataset, options(), command=command, profiler=profiler)
+    before = _task_latency(default.rows)
+    log.info("2/3 tuning with '%s', %d trials per task", tuner.name, args.trials)
+    run = tune_workload(workload, target, dataset, database_dir, tuner, args.trials, order=before,
+                        tasks_limit=args.tune_tasks, command=command)
+    log.info("3/3 measuring the tuned kernels")
+    applied = applied_database(database_dir, run.extracted, target)
+    tuned = default
+    dropped: set[str] = set()
+    if applied is not None:
+        tuned = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
+        after = _task_latency(tuned.rows)
+        dropped = {t for t in applied.tasks if t in after and t in before and after[t] >= before[t]}
+        if dropped:
+            log.info("%d tuned kernels are not faster than the default ones; measuring without them: %s",
+                     len(dropped), ", ".join(sorted(dropped)))
+            applied = applied_database(database_dir, run.extracted, target, exclude=dropped)
+            if applied is not None:
+                tuned = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
+            else:
+                tuned = default
+    after = _task_latency(tuned.rows)
+    tasks = []
+    for t in run.tasks:
+        d, a = before.get(t.task), after.get(t.task)
+        tasks.append({"task": t.task, "func": t.task, "uses": t.weight, "default_s": d, "tuned_s": a,
+                      "speedup": d / a if d and a else None, "trials": t.trials, "trials_before": t.before,
+                      "valid": t.valid, "best_trial_s": t.best_s, "kept": t.task not in dropped and
+                      applied is not None and t.task in applied.tasks, "seconds": t.seconds})
+    model_default = default.model_row["vm_latency_median_s"]
+    model_tuned = tuned.model_row["vm_latency_median_s"]
+    return tuned, {
+        "tuner": tuner.name, "trials_per_task": args.trials, "tasks": tasks, "database": str(database_dir),
+        "config": tuned.key["config"], "model_default_s": model_default, "model_tuned_s": model_tuned,
+        "model_speedup": model_default / model_tuned if model_default and model_tuned else None,
+        "tuning_s": run.seconds, "trials": run.measured,
+        "trials_per_s": run.measured / run.seconds if run.seconds else None,
+    }
+
+
+def format_tuning(tuning: dict[str, Any]) -> str:
+    """Per task: default and tuned latency, speedup, trials; then the whole model before and after."""
+    head = f"{'task':<44}{'uses':>5}{'default ms':>12}{'tuned ms':>11}{'speedup':>9}{'trials':>8}{'valid':>7}"
+    lines = ["", head, "-" * len(head)]
+
+    def ms(v: Any) -> str:
+        return "-" if v is None else f"{v * 1e3:.4f}"
+
+    for t in tuning["tasks"]:
+        mark = "" if t["kept"] else "  (default kept)"
+        speed = "-" if t["speedup"] is None else f"{t['speedup']:.2f}x"
+        lines.append(f"{t['task'][:43]:<44}{t['uses']:>5}{ms(t['default_s']):>12}{ms(t['tuned_s']):>11}"
+                     f"{speed:>9}{t['trials'] + t['trials_before']:>8}{t['valid']:>7}{mark}")
+    speed = "-" if tuning["model_speedup"] is None else f"{tuning['model_speedup']:.2f}x"
+    rate = "-" if tuning["trials_per_s"] is None else f"{tuning['trials_per_s']:.2f}"
+    lines.append(f"Relax VM: default kernels {ms(tuning['model_default_s'])} ms, "
+                 f"tuned {ms(tuning['model_tuned_s'])} ms "
+                 f"({speed}); tuned {tuning['trials']} candidates in {tuning['tuning_s']:.0f} s ({rate} trials/s) "
+                 f"with '{tuning['tuner']}'; database {tuning['database']}")
+    return "\n".join(lines) + "\n"
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -436,8 +570,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     workload = _load(args)
     if args.backend == "tvm":
+        database_dir = _database_dir(args, "")
+        applied = _applied(database_dir, workload, target) if database_dir else None
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
-        backend = tvm_backend(workload, target, workload.example_inputs(args.seed))
+        backend = tvm_backend(workload, target, workload.example_inputs(args.seed),
+                              database=applied.database if applied else None)
     else:
         if workload.torch_module is None:
             raise OpBenchError(f"--backend torch needs a torch model; source '{workload.source}' has none "
@@ -470,6 +607,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         for f in files:
             print(f"wrote {f['path']} ({f['rows']} rows of {f['table']})")
+    return EXIT_OK
+
+
+def cmd_configspace(args: argparse.Namespace) -> int:
+    from ..pipeline.tune import extracted_tasks, tuning_target
+    from ..runtime import resolve_target
+    from ..tune.space import task_space
+
+    check_output_path(args.json, "--json")
+    target = resolve_target(args.target)
+    workload = _load(args)
+    with announced(f"generating the design spaces of {workload.name}'s tasks"):
+        tasks = extracted_tasks(workload, target)
+        ms_target = tuning_target(target)
+        spaces = [{**task_space(t.dispatched[0], ms_target, t.task_name), "weight": int(t.weight)} for t in tasks]
+    write_json(args.json, {"model": workload.name, "workload": workload.fingerprint(), "target": str(ms_target),
+                           "tasks": spaces, "space_size": sum(t["space_size"] for t in spaces)})
+    if args.json != "-":
+        print(f"wrote {args.json}: {len(spaces)} tasks, {sum(len(t['sketches']) for t in spaces)} sketches")
     return EXIT_OK
 
 

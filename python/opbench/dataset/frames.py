@@ -3,7 +3,8 @@
 Column types follow :mod:`opbench.dataset.schema`: INTEGER columns are nullable integers, REAL
 floats, TIME UTC timestamps; JSON columns holding lists (shapes, dtypes, predecessors, grid,
 per-operator times) are decoded into lists, while JSON columns holding free-form mappings
-(``attrs``, ``workload``, ``provenance``, ``features``, ``env``) stay JSON text (``json.loads`` them):
+(``attrs``, ``workload``, ``provenance``, ``features``, ``env``,
+``knobs``, ``trace``) stay JSON text (``json.loads`` them):
 their keys differ from row to row, so no fixed struct type fits them. :func:`load` and the Parquet
 export give the same types.
 """
@@ -21,7 +22,7 @@ LIST_COLUMNS = {
     "ops": "str", "input_dtypes": "str", "output_dtypes": "str", "kinds": "str",
     "input_shapes": "int2", "output_shapes": "int2",
     "preds": "int", "grid": "int", "block": "int", "op_indices": "int",
-    "solo_s": "float", "slowdowns": "float",
+    "solo_s": "float", "slowdowns": "float", "run_secs": "float",
 }
 
 

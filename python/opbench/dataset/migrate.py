@@ -1,4 +1,6 @@
-"""Schema migrations: each older version's columns, and how its rows become version-2 rows.
+"""Schema migrations: each older version's columns, and how its rows become current rows.
+
+Version 2 → 3 adds the ``trials`` table.
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -14,7 +16,7 @@ import sqlite3
 from collections.abc import Iterator
 
 from ..utils import digest
-from .schema import SCHEMA_VERSION, TABLES, columns_of, create_statements
+from .schema import SCHEMA_VERSION, TABLES, columns_of, create_statements, create_table
 
 _V1_ENV = ["device", "cpu_model", "cpu_cores", "gpu_name", "gpu_sm_count", "gpu_memory_mb", "gpu_driver",
            "cuda_runtime", "gpu_clock_start_mhz", "gpu_clock_end_mhz", "tvm_version", "opbench_version",
@@ -36,10 +38,11 @@ _V1 = {
               "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
               "error", *_V1_ENV],
 }
-_V2 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V3 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # schema version -> {table: columns}
-KNOWN = {1: _V1, 2: _V2}
+KNOWN = {1: _V1, 2: _V2, 3: _V3}
 
 
 def _v1_keys(row: dict) -> dict:
@@ -64,29 +67,38 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
     """Migrate an open dataset from ``version`` to the current one, in one transaction."""
-    if version != 1:
+    if version not in (1, 2):
         raise ValueError(f"no migration from schema version {version}")
+    with transaction(conn):
+        if version == 1:
+            _from_v1(conn)
+        else:
+            conn.execute(create_table("trials"))
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', '2')")
+
+
+def _from_v1(conn: sqlite3.Connection) -> None:
+    """Version 1 → current: re-key every row (see the module docstring)."""
+    old_tables = ("operators", "models", "corun")
+    for table in (*old_tables, "meta"):
+        conn.execute(f"ALTER TABLE {table} RENAME TO _v1_{table}")
+    for stmt in create_statements():
+        if not stmt.startswith("CREATE TABLE runs"):
+            conn.execute(stmt)
     conn.row_factory = sqlite3.Row
     try:
-        with transaction(conn):
-            for table in TABLES:
-                conn.execute(f"ALTER TABLE {table} RENAME TO _v1_{table}")
-            conn.execute("ALTER TABLE meta RENAME TO _v1_meta")
-            for stmt in create_statements():
-                if not stmt.startswith("CREATE TABLE runs"):
-                    conn.execute(stmt)
-            meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM _v1_meta")}
-            meta.update(schema_version=str(SCHEMA_VERSION), migrated_from="1")
-            conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
-            for table, (columns, _) in TABLES.items():
-                names = ["id", "run_id", *(c for c, _ in columns)]
-                for old in conn.execute(f"SELECT * FROM _v1_{table} ORDER BY id").fetchall():
-                    row = dict(old)
-                    row.update(_v1_keys(row))
-                    values = [row.get(c) for c in names]
-                    conn.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                                 values)
-                conn.execute(f"DROP TABLE _v1_{table}")
-            conn.execute("DROP TABLE _v1_meta")
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM _v1_meta")}
+        meta.update(schema_version=str(SCHEMA_VERSION), migrated_from="1")
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        for table in old_tables:
+            names = ["id", "run_id", *(c for c, _ in TABLES[table][0])]
+            for old in conn.execute(f"SELECT * FROM _v1_{table} ORDER BY id").fetchall():
+                row = dict(old)
+                row.update(_v1_keys(row))
+                conn.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                             [row.get(c) for c in names])
     finally:
         conn.row_factory = None
+    for table in (*old_tables, "meta"):
+        conn.execute(f"DROP TABLE _v1_{table}")

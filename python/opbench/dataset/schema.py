@@ -1,4 +1,4 @@
-"""The dataset schema (version 2). Documented column by column in ``docs/dataset.md``.
+"""The dataset schema (version 3). Documented column by column in ``docs/dataset.md``.
 
 Tables
 ------
@@ -7,6 +7,7 @@ runs        one row per invocation: command line, environment tags, start/end, s
 operators   one row per measured operator: features, latency, resources.
 models      one row per measured model: whole-model latency from the Relax VM, correctness check.
 corun       one row per co-run group (several operators launched together).
+trials      one row per candidate schedule measured while tuning (version 3).
 
 Keys
 ----
@@ -29,7 +30,7 @@ The readable columns (``source``, ``model``, ``batch_size``, ``target``, ``workl
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -79,6 +80,12 @@ CORUN_COLUMNS = READABLE_COLUMNS + [
     ("status", "TEXT"), ("error", "TEXT"),
 ] + ENV_COLUMNS
 
+TRIAL_COLUMNS = READABLE_COLUMNS + [
+    ("task", "TEXT"), ("task_weight", "INTEGER"), ("tuner", "TEXT"), ("trial", "INTEGER"),
+    ("trace", "JSON"), ("knobs", "JSON"), ("build_status", "TEXT"), ("error", "TEXT"),
+    ("run_secs", "JSON"), ("latency_median_s", "REAL"), ("best_so_far_s", "REAL"),
+] + ENV_COLUMNS
+
 RUN_COLUMNS = [
     ("run_id", "INTEGER"), ("started_at", "TIME"), ("finished_at", "TIME"), ("status", "TEXT"),
     ("command", "TEXT"), ("env", "JSON"),
@@ -89,6 +96,7 @@ TABLES = {
     "operators": (OPERATOR_COLUMNS, KEY_COLUMNS + ["op_index"]),
     "models": (MODEL_COLUMNS, KEY_COLUMNS),
     "corun": (CORUN_COLUMNS, KEY_COLUMNS + ["group_key"]),
+    "trials": (TRIAL_COLUMNS, KEY_COLUMNS + ["task", "tuner", "trial"]),
 }
 
 # every table a dataset may hold, with its columns (``id``/``run_id`` included where present)
@@ -107,17 +115,19 @@ def columns_of(table: str) -> list[tuple[str, str]]:
 _SQL_TYPES = {"TEXT": "TEXT", "INTEGER": "INTEGER", "REAL": "REAL", "JSON": "TEXT", "TIME": "TEXT"}
 
 
+def create_table(table: str) -> str:
+    """SQL that creates one measurement table of the current version."""
+    columns, unique = TABLES[table]
+    cols = ", ".join(f"{name} {_SQL_TYPES[kind]}" for name, kind in columns)
+    return (f"CREATE TABLE {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            f"run_id INTEGER REFERENCES runs(run_id), {cols}, UNIQUE ({', '.join(unique)}))")
+
+
 def create_statements() -> list[str]:
-    """SQL that creates every table of version 2."""
-    stmts = [
+    """SQL that creates every table of the current version."""
+    return [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
         "CREATE TABLE runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, "
         "started_at TEXT, finished_at TEXT, status TEXT, command TEXT, env TEXT)",
+        *(create_table(t) for t in TABLES),
     ]
-    for table, (columns, unique) in TABLES.items():
-        cols = ", ".join(f"{name} {_SQL_TYPES[kind]}" for name, kind in columns)
-        stmts.append(
-            f"CREATE TABLE {table} (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-            f"run_id INTEGER REFERENCES runs(run_id), {cols}, UNIQUE ({', '.join(unique)}))"
-        )
-    return stmts

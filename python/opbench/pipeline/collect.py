@@ -40,6 +40,7 @@ class CollectOptions:
     config: str = "default"
     seed: int = 0
     measure_vm: bool = True
+    database: Any = None  # a MetaSchedule database whose records replace default kernels (config "db:...")
 
 
 @dataclasses.dataclass
@@ -137,7 +138,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         lowered, graph = extract_operators(workload.mod, target)
         _phase("%s: %d operators, %d unique tasks; compiling for %s", workload.name, len(graph),
                len(graph.tasks()), target.kind.name)
-        built = build_module(lowered, target)
+        built = build_module(lowered, target, options.database)
         _phase("compiled in %.1f s", built.compile_seconds)
         kernels = OperatorKernels(graph, built)
         try:

@@ -63,9 +63,24 @@ class BuiltModule:
         return relax.VirtualMachine(self.executable, self.device)
 
 
-def build_module(lowered: tvm.IRModule, target: Any) -> BuiltModule:
-    """Schedule (GPU) and compile a module lowered by ``ExtractOperators``."""
+def apply_database(lowered: tvm.IRModule, target: Any, database: Any) -> tvm.IRModule:
+    """Replace every fused PrimFunc that ``database`` (a MetaSchedule database) has a record for
+    with its tuned schedule; the others stay as they are for the default schedules."""
+    with target, database:
+        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(lowered)
+
+
+def build_module(lowered: tvm.IRModule, target: Any, database: Any = None) -> BuiltModule:
+    """Schedule and compile a module lowered by ``ExtractOperators``.
+
+    Kernels with a record in ``database`` get their tuned schedule; every other kernel gets the
+    default one (dlight on GPUs, none on CPUs). Works on a copy: ``lowered`` stays unscheduled, so
+    tuning tasks can still be extracted from it.
+    """
     start = time.perf_counter()
+    lowered = tvm.IRModule(dict(lowered.functions_items()), attrs=lowered.attrs, global_infos=lowered.global_infos)
+    if database is not None:
+        lowered = apply_database(lowered, target, database)
     passes = schedule_passes(target)
     if passes:
         with target:

@@ -1,0 +1,238 @@
+"""The tuning job: tune every unique task of a model with MetaSchedule, one task after another
+(the heaviest first), writing every measured candidate to the dataset's ``trials`` table and every
+record to the tuning database.
+
+It resumes: each task gets up to ``trials`` records in the database, counting those an earlier
+(interrupted) run left there, so a re-run continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import signals
+from ..dataset import Dataset, now
+from ..errors import OpBenchError
+from ..ir import extract_operators
+from ..models import Workload
+from ..profile.env import environment_tags
+from ..runtime import is_gpu
+from .collect import measurement_key
+
+log = logging.getLogger("opbench")
+
+
+@dataclasses.dataclass
+class TaskTuning:
+    """One task's tuning in this run."""
+
+    task: str
+    weight: int
+    before: int  # records already in the database
+    trials: int  # measured in this run
+    valid: int
+    best_s: float | None
+    seconds: float
+
+
+@dataclasses.dataclass
+class TuningRun:
+    """What :func:`tune_workload` did."""
+
+    tuner: str
+    trials_per_task: int
+    tasks: list[TaskTuning]
+    seconds: float
+    database: Path
+    extracted: list[Any]  # MetaSchedule's ExtractedTask of every task, for applying the database
+
+    @property
+    def measured(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+
+def _check_tuning_deps() -> None:
+    missing = []
+    for module in ("xgboost", "cloudpickle"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise OpBenchError(f"tuning needs {', '.join(missing)}: pip install 'opbench[tune]'")
+
+
+def _runner(target: Any) -> Any:
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
+
+    return LocalRunner(timeout_sec=60 if is_gpu(target) else 30,
+                       evaluator_config=EvaluatorConfig(number=3, repeat=3, min_repeat_ms=0,
+                                                        enable_cpu_cache_flush=False))
+
+
+def _builder(target: Any) -> Any:
+    if is_gpu(target):
+        from tvm.s_tir.meta_schedule.builder import LocalBuilder
+
+        return LocalBuilder(max_workers=max(1, (os.cpu_count() or 2)), timeout_sec=60,
+                            f_build="s_tir.meta_schedule.builder.default_build")
+    from ..tune.measure import InProcessBuilder
+
+    return InProcessBuilder()
+
+
+def tuning_target(target: Any) -> Any:
+    """The target MetaSchedule tunes for: the collection target, with the core count on CPUs
+    (its parallel rules need ``num-cores``)."""
+    import tvm
+
+    if is_gpu(target):
+        # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
+        dev = tvm.cuda(0)
+        config = {**target.export(), "max_threads_per_block": int(dev.max_threads_per_block),
+                  "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+                  "thread_warp_size": int(dev.warp_size), "max_num_threads": int(dev.max_threads_per_block)}
+        config["keys"] = list(config.get("keys", ()))
+        return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
+    if "num-cores" in target.attrs:
+        return target
+    config = {"kind": "llvm", **{k: v for k, v in target.export().items() if k in ("mcpu", "mtriple", "mattr")}}
+    config["num-cores"] = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    return tvm.target.Target(config)
+
+
+def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path, tuner: Any = "xgb",
+                  trials: int = 64, order: dict[str, float] | None = None, tasks_limit: int | None = None,
+                  command: str = "") -> TuningRun:
+    """Tune every unique task of ``workload`` for ``target`` (see the module docstring).
+
+    Parameters
+    ----------
+    order:
+        Optional default latency of each task (by fused function name): heavier tasks go first.
+    tasks_limit:
+        Tune only the first ``tasks_limit`` tasks in that order (the others keep default kernels).
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..tune import get_tuner
+    from ..tune.database import open_database, records_for, valid_secs
+    from ..tune.measure import TrialRecorder
+
+    tuner = get_tuner(tuner)
+    if trials < 1:
+        raise OpBenchError(f"--trials must be a positive integer, got {trials}")
+    _check_tuning_deps()
+    database_dir = Path(database_dir)
+    database = open_database(database_dir)
+    ms_target = tuning_target(target)
+    key = {**measurement_key(workload, target), "config": "tuning"}
+    tags = environment_tags(target)
+    run_id = dataset.start_run(command, tags)
+    status = "failed"
+    start = time.perf_counter()
+    done: list[TaskTuning] = []
+    try:
+        log.info("%s: extracting tuning tasks", workload.name)
+        lowered, _graph = extract_operators(workload.mod, target)
+        signals.check()
+        extracted = list(ms.relax_integration.extract_tasks(lowered, ms_target))
+        weight = {t.task_name: int(t.weight) for t in extracted}
+        ranked = sorted(extracted, key=lambda t: -(order or {}).get(t.task_name, 0.0) * weight[t.task_name])
+        chosen = ranked[:tasks_limit] if tasks_limit else ranked
+        total = len(chosen)
+        log.info("tuning %d of %d tasks with '%s', up to %d trials each; database %s", total, len(extracted),
+                 tuner.name, trials, database_dir)
+        work_dir = str(database_dir / "logs")
+        builder, runner = _builder(target), _runner(target)  # one of each for every task: workers start once
+        for i, task in enumerate(chosen, 1):
+            signals.check()
+            mod = task.dispatched[0]
+            earlier = records_for(database, mod)
+            valid_before = [min(s) for s in (valid_secs(r) for r in earlier) if s]
+            remaining = trials - len(earlier)
+            first = dataset_trials(dataset, key, task.task_name, tuner.name)
+            if remaining <= 0:
+                log.info("task %d/%d %s: %d trials already in the database", i, total, task.task_name, len(earlier))
+                done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), 0,
+                                       len(valid_before), min(valid_before, default=None), 0.0))
+                continue
+            task_start = time.perf_counter()
+            base = {**key, **tags, "run_id": run_id, "task": task.task_name, "task_weight": weight[task.task_name],
+                    "tuner": tuner.name}
+
+            def sink(row: dict[str, Any], base: dict[str, Any] = base) -> None:
+                dataset.put("trials", {**base, **row, "measured_at": now()})
+
+            def report(rec: TrialRecorder, i: int = i, name: str = task.task_name, remaining: int = remaining,
+                       task_start: float = task_start) -> None:
+                elapsed = time.perf_counter() - start
+                done_trials = sum(t.trials for t in done) + rec.measured
+                left = trials * (total - i) + max(remaining - rec.measured, 0)
+                eta = elapsed / max(done_trials, 1) * left
+                best = "-" if rec.best_s is None else f"{rec.best_s * 1e3:.4f} ms"
+                log.info("task %d/%d %s: %d/%d trials, %d valid, best %s; %.0f s so far, about %.0f s left",
+                         i, total, name, rec.measured, remaining, rec.valid, best, elapsed, eta)
+
+            recorder = TrialRecorder(sink, first_index=first, best_s=min(valid_before, default=None),
+                                     on_batch=report)
+            strategy, cost_model = tuner.parts()
+            _quiet_metaschedule()
+            contexts, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [task], work_dir, strategy=strategy, num_threads="physical")
+            ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
+                               max_trials_global=remaining, max_trials_per_task=remaining,
+                               num_trials_per_iter=min(64, remaining), builder=builder,
+                               runner=runner, database=database, cost_model=cost_model,
+                               measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), recorder],
+                               task_scheduler="round-robin")
+            signals.check()
+            done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), recorder.measured,
+                                   recorder.valid + len(valid_before), recorder.best_s,
+                                   time.perf_counter() - task_start))
+        status = "ok"
+        return TuningRun(tuner.name, trials, done, time.perf_counter() - start, database_dir, extracted)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException:
+        if signals.received():
+            status = "interrupted"
+        raise
+    finally:
+        dataset.finish_run(run_id, status)
+
+
+def _quiet_metaschedule() -> None:
+    """MetaSchedule's console log follows ours (its tables only with -v; its log files keep everything).
+
+    Set before every tuning call, since each call reconfigures MetaSchedule's loggers; handlers
+    without a name (a test harness's) are dropped, as MetaSchedule's logging configuration cannot
+    name them and fails.
+    """
+    ms_log = logging.getLogger("tvm.s_tir.meta_schedule")
+    ms_log.setLevel(logging.DEBUG if log.getEffectiveLevel() <= logging.DEBUG else logging.WARNING)
+    for handler in list(ms_log.handlers):
+        if handler.get_name() is None:
+            ms_log.removeHandler(handler)
+
+
+def dataset_trials(dataset: Dataset, key: dict[str, Any], task: str, tuner: str) -> int:
+    """How many trials of ``task`` with ``tuner`` the dataset already holds (the next trial index)."""
+    from ..dataset.schema import KEY_COLUMNS
+
+    where = {**{c: key[c] for c in KEY_COLUMNS}, "task": task, "tuner": tuner}
+    return dataset.count("trials", where)
+
+
+def extracted_tasks(workload: Workload, target: Any) -> list[Any]:
+    """MetaSchedule's tasks of ``workload`` (for applying a database without tuning)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    lowered, _graph = extract_operators(workload.mod, target)
+    return list(ms.relax_integration.extract_tasks(lowered, tuning_target(target)))

@@ -1,0 +1,132 @@
+"""The tuning database: MetaSchedule's JSON database in a folder beside the dataset, and the best
+record of each task applied to a build.
+
+The folder (``--database DIR``; default ``<dataset>.tuning/`` next to the dataset file) holds
+``database_workload.json`` and ``database_tuning_record.json`` exactly as MetaSchedule writes them,
+so TVM itself can reuse it (``ms.database.JSONDatabase(work_dir=DIR)``). What a build applies is
+a selection: the fastest valid record of each task of the model, for this target; its digest
+becomes the rows' ``config`` (``db:<digest>``), so tuned and default rows live side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpBenchError
+from ..utils import digest
+from .knobs import dumps
+
+log = logging.getLogger("opbench")
+FAILED_S = 1e9  # MetaSchedule stores a failed candidate as run_secs [1e10]
+
+
+def default_database_dir(dataset: str | Path) -> Path:
+    """``<dataset without suffix>.tuning`` beside the dataset file."""
+    path = Path(dataset)
+    return path.with_name(path.stem + ".tuning")
+
+
+def open_database(folder: str | Path, create: bool = True) -> Any:
+    """MetaSchedule's JSON database in ``folder`` (created when missing, with ``create``)."""
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OpBenchError(f"--database {str(folder)!r} is not a folder")
+    if not folder.exists():
+        if not create:
+            raise OpBenchError(f"tuning database not found: {str(folder)!r}")
+        try:
+            folder.mkdir(parents=True)
+        except OSError as err:
+            raise OpBenchError(f"cannot create tuning database {str(folder)!r}: {err.strerror}") from None
+    try:
+        return JSONDatabase(work_dir=str(folder), allow_missing=create)
+    except Exception as err:  # a corrupt or foreign file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OpBenchError(f"cannot read tuning database {str(folder)!r}: {first}") from None
+
+
+def valid_secs(record: Any) -> list[float] | None:
+    """A record's run times, or None for a failed candidate."""
+    secs = [float(s) for s in (record.run_secs or [])]
+    return secs if secs and max(secs) < FAILED_S else None
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if len(values) % 2 else 0.5 * (values[len(values) // 2 - 1] +
+                                                                     values[len(values) // 2])
+
+
+def records_for(database: Any, mod: Any) -> list[Any]:
+    """Every record of ``mod`` (a task's module) in the database, failed ones included."""
+    if not database.has_workload(mod):
+        return []
+    workload = database.commit_workload(mod)
+    return [r for r in database.get_all_tuning_records() if r.workload.same_as(workload)]
+
+
+def same_target(record: Any, target: Any) -> bool:
+    """Whether a record was measured for ``target`` (kind and architecture or CPU)."""
+    if record.target is None:
+        return True
+    a, b = json.loads(str(record.target)), json.loads(str(target))
+    return all(a.get(k) == b.get(k) for k in ("kind", "arch", "mcpu"))
+
+
+@dataclasses.dataclass
+class Applied:
+    """What a build applies: a database of the chosen records and the rows' ``config``."""
+
+    database: Any
+    config: str
+    tasks: dict[str, float]  # task name -> best measured seconds (MetaSchedule's runner)
+
+
+def applied_database(folder: str | Path, tasks: list[Any], target: Any, exclude: set[str] | None = None
+                     ) -> Applied | None:
+    """The best valid record for this target of each extracted task, as an in-memory database.
+
+    Returns None when no task has one (the build then uses default schedules). ``exclude`` names
+    tasks whose tuned kernel must not be used (measured slower than the default one).
+    """
+    from tvm.s_tir.meta_schedule.database import MemoryDatabase
+
+    source = open_database(folder, create=False)
+    chosen = MemoryDatabase()
+    picked: dict[str, float] = {}
+    parts = []
+    other_target = 0
+    for task in tasks:
+        if exclude and task.task_name in exclude:
+            continue
+        mod = task.dispatched[0]
+        best = None
+        for record in records_for(source, mod):
+            secs = valid_secs(record)
+            if secs is None:
+                continue
+            if not same_target(record, target):
+                other_target += 1
+                continue
+            if best is None or _median(secs) < _median(valid_secs(best)):
+                best = record
+        if best is None:
+            continue
+        from tvm.s_tir.meta_schedule.database import TuningRecord
+
+        workload = chosen.commit_workload(mod)
+        chosen.commit_tuning_record(TuningRecord(best.trace, workload, best.run_secs, best.target, best.args_info))
+        picked[task.task_name] = _median(valid_secs(best))
+        parts.append([task.task_name, dumps(best.trace)])
+    if other_target and not picked:
+        raise OpBenchError(f"tuning database {str(folder)!r} holds records for another target only "
+                           f"(this target: {target}); tune for this target or use another --database")
+    if not picked:
+        return None
+    return Applied(chosen, "db:" + digest(sorted(parts)), picked)

@@ -1,0 +1,114 @@
+"""Builders and the trial recorder that MetaSchedule's tuning loop calls.
+
+* :class:`InProcessBuilder`: builds candidates in this process. MetaSchedule's ``LocalBuilder``
+  starts fresh worker processes for every batch, and each imports TVM (half a minute on a small
+  machine), so on CPU targets building in-process is several times faster.
+* :class:`TrialRecorder`: a ``PyMeasureCallback`` that hands every measured candidate (trace,
+  decoded knobs, build and run status with the error text, run times, best so far) to a sink,
+  the dataset's ``trials`` table; MetaSchedule itself keeps only ``1e10`` for a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+from .. import signals
+from .knobs import decode_knobs, dumps
+
+
+def build_candidate(mod: Any, target: Any) -> Any:
+    """What MetaSchedule's default build does, without importing every tensor intrinsic."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.tirx.build(mod, target=target)
+
+
+@derived_object
+class InProcessBuilder(PyBuilder):
+    """Build each candidate in this process (see the module docstring)."""
+
+    def build(self, build_inputs: list[Any]) -> list[Any]:
+        from tvm.support.tar import tar
+
+        results = []
+        for item in build_inputs:
+            signals.check()
+            try:
+                lib = build_candidate(item.mod, item.target)
+                path = os.path.join(tempfile.mkdtemp(prefix="opbench-build-"), "mod." + tar.output_format)
+                lib.export_library(path, fcompile=tar)
+                results.append(BuilderResult(path, None))
+            except Exception as err:  # a candidate that does not build is recorded, the search goes on
+                results.append(BuilderResult(None, error_text(f"{type(err).__name__}: {err}")))
+        return results
+
+
+def error_text(message: Any, limit: int = 4000) -> str:
+    """An error message for the dataset: its start and, where the cause is (the end of a traceback), its end."""
+    text = str(message).strip()
+    if len(text) <= limit:
+        return text
+    return text[: limit // 4] + "\n[...]\n" + text[-(limit - limit // 4):]
+
+
+def _status(build: Any, run: Any) -> tuple[str, str | None, list[float] | None]:
+    if build.error_msg:
+        timeout = "timeout" in build.error_msg.lower()
+        return ("build_timeout" if timeout else "build_error"), error_text(build.error_msg), None
+    if run.error_msg:
+        timeout = "timeout" in str(run.error_msg).lower()
+        return ("run_timeout" if timeout else "run_error"), error_text(run.error_msg), None
+    secs = [float(s) for s in run.run_secs or []]
+    if not secs or max(secs) >= 1e9:
+        return "run_error", "no valid run time", None
+    return "ok", None, secs
+
+
+@derived_object
+class TrialRecorder(PyMeasureCallback):
+    """Hands one row per measured candidate to ``sink`` and reports progress (see the module docstring)."""
+
+    def __init__(self, sink: Callable[[dict[str, Any]], None], first_index: int = 0,
+                 best_s: float | None = None, on_batch: Callable[[TrialRecorder], None] | None = None) -> None:
+        super().__init__()
+        self.sink = sink
+        self.index = first_index
+        self.best_s = best_s
+        self.valid = 0
+        self.measured = 0
+        self.on_batch = on_batch
+        self.started = time.perf_counter()
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any], builder_results: list[Any],
+              runner_results: list[Any]) -> None:
+        for candidate, build, run in zip(measure_candidates, builder_results, runner_results, strict=True):
+            status, error, secs = _status(build, run)
+            median = statistics.median(secs) if secs else None
+            if median is not None:
+                self.valid += 1
+                if self.best_s is None or median < self.best_s:
+                    self.best_s = median
+            trace = candidate.sch.trace
+            try:
+                knobs = decode_knobs(trace)
+            except Exception as err:  # knobs are extra columns: never lose the trial for them
+                knobs = {"decode_error": f"{type(err).__name__}: {err}"}
+            self.sink({"trial": self.index, "trace": dumps(trace), "knobs": knobs, "build_status": status,
+                       "error": error, "run_secs": secs, "latency_median_s": median,
+                       "best_so_far_s": self.best_s})
+            self.index += 1
+            self.measured += 1
+        if self.on_batch is not None:
+            self.on_batch(self)
+        signals.check()

@@ -1,0 +1,79 @@
+"""Design spaces as JSON: what MetaSchedule can choose for each task (``opbench configspace``).
+
+For every task, each sketch of MetaSchedule's design space (``post-order-apply`` with the target's
+default rules) is listed with its trace and every sampling instruction with its domain:
+
+* ``SamplePerfectTile``: the loop extent, the number of factors, the largest innermost factor, and
+  how many tilings that allows (ordered factorizations of the extent);
+* ``SampleCategorical``: the candidate values and their probabilities;
+* ``SampleComputeLocation``: the block it places (its domain depends on the loops sampled before it,
+  so it is not counted).
+
+``space_size`` is the product of the counted domains of a sketch (a lower bound when the sketch
+also samples compute locations); a task's size is the sum over its sketches.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from .knobs import trace_json
+
+
+@functools.cache
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@functools.cache
+def perfect_tilings(extent: int, parts: int, max_innermost: int) -> int:
+    """Ordered ways to write ``extent`` as a product of ``parts`` factors, the last ≤ ``max_innermost``."""
+    if parts == 1:
+        return 1 if extent <= max_innermost or max_innermost <= 0 else 0
+    return sum(perfect_tilings(extent // d, parts - 1, max_innermost) for d in _divisors(extent))
+
+
+def sketch_space(trace: Any) -> dict[str, Any]:
+    """The sampling instructions of one sketch with their domains (see the module docstring)."""
+    insts, decisions = trace_json(trace)
+    decided = {int(i): d for i, d in decisions}
+    names: dict[str, str] = {}
+    samples = []
+    size = 1
+    partial = False
+    for index, (kind, inputs, attrs, outputs) in enumerate(insts):
+        if kind in ("GetSBlock", "GetBlock"):
+            names[outputs[0]] = str(attrs[0])
+        elif kind == "GetLoops" and inputs:
+            for i, out in enumerate(outputs):
+                names[out] = f"{names.get(inputs[0], inputs[0])}.l{i}"
+        if kind == "SamplePerfectTile":
+            parts, innermost = int(attrs[0]), int(attrs[1])
+            extent = math.prod(int(x) for x in decided.get(index, [1]))
+            count = perfect_tilings(extent, parts, innermost)
+            size *= max(count, 1)
+            samples.append({"instruction": index, "kind": kind, "loop": names.get(inputs[0], inputs[0]),
+                            "extent": extent, "factors": parts, "max_innermost_factor": innermost,
+                            "choices": count})
+        elif kind == "SampleCategorical":
+            candidates, probs = attrs[0], attrs[1]
+            size *= max(len(candidates), 1)
+            samples.append({"instruction": index, "kind": kind, "candidates": candidates, "probs": probs,
+                            "choices": len(candidates)})
+        elif kind == "SampleComputeLocation":
+            partial = True
+            samples.append({"instruction": index, "kind": kind, "block": names.get(inputs[0], inputs[0]),
+                            "choices": None})
+    return {"samples": samples, "space_size": size, "size_is_lower_bound": partial,
+            "trace": [insts, [[i, d] for i, d in sorted(decided.items())]]}
+
+
+def task_space(mod: Any, target: Any, name: str) -> dict[str, Any]:
+    """Every sketch of one task's design space."""
+    from tvm.s_tir import meta_schedule as ms
+
+    context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", task_name=name)
+    sketches = [sketch_space(sch.trace) for sch in context.generate_design_space()]
+    return {"task": name, "sketches": sketches, "space_size": sum(s["space_size"] for s in sketches)}

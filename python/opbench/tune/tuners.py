@@ -1,0 +1,123 @@
+"""Tuner names (OpBench's ``--tuner``) and the MetaSchedule configuration each one stands for.
+
+A tuner is three MetaSchedule parts: a search strategy (how candidates are proposed), a cost
+model (how they are ranked before being measured) and the features the cost model reads.
+
+========== ============================================================================================
+name       configuration
+========== ============================================================================================
+xgb        evolutionary search; XGBoost regression on MetaSchedule's per-store features (its default)
+xgb-rank   evolutionary search; XGBoost with a pairwise ranking objective on the same features
+           (AutoTVM's ``rank`` loss: only the order of candidates matters)
+xgb_knob   evolutionary search; XGBoost on the schedule's knobs themselves (tile factors, unroll,
+           compute locations decoded from the trace), AutoTVM's ``knob`` features
+xgb_itervar evolutionary search; XGBoost on per-loop iteration-variable features (extent, loop
+           kind, nesting depth, for the outermost loops of every block), AutoTVM's ``itervar``
+ga         evolutionary search (mutation + crossover of measured good traces) with no learned
+           model: candidates are picked at random from the evolved population
+random     replay-trace: each candidate is an independent random sample of the design space
+========== ============================================================================================
+
+``xgb_curve`` and ``gridsearch`` are OpBench names without a MetaSchedule counterpart yet; asking
+for them is a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import OpBenchError
+
+PENDING = {
+    "xgb_curve": "AutoTVM's curve (reuse-distance) features",
+    "gridsearch": "an exhaustive grid over the design space's decisions",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuner:
+    """A named MetaSchedule configuration (see the module docstring)."""
+
+    name: str
+    description: str
+    strategy: Callable[[], Any]
+    cost_model: Callable[[], Any]
+
+    def parts(self) -> tuple[Any, Any]:
+        """Fresh (search strategy, cost model) objects for one tuning run."""
+        return self.strategy(), self.cost_model()
+
+
+def _evolutionary() -> Any:
+    from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
+
+    return EvolutionarySearch()
+
+
+def _replay() -> Any:
+    from tvm.s_tir.meta_schedule.search_strategy import ReplayTrace
+
+    return ReplayTrace()
+
+
+def _xgb(extractor: Any = "per-store-feature") -> Callable[[], Any]:
+    def make() -> Any:
+        from tvm.s_tir.meta_schedule.cost_model import XGBModel
+
+        return XGBModel(extractor=extractor() if callable(extractor) else extractor, adaptive_training=True)
+
+    return make
+
+
+def _xgb_rank() -> Any:
+    from .models import RankXGBModel
+
+    return RankXGBModel(adaptive_training=True)
+
+
+def _knob_features() -> Any:
+    from .models import KnobFeatures
+
+    return KnobFeatures()
+
+
+def _itervar_features() -> Any:
+    from .models import IterVarFeatures
+
+    return IterVarFeatures()
+
+
+def _random_model() -> Any:
+    from tvm.s_tir.meta_schedule.cost_model import RandomModel
+
+    return RandomModel()
+
+
+TUNERS: dict[str, Tuner] = {t.name: t for t in [
+    Tuner("xgb", "evolutionary search, XGBoost regression on per-store features (MetaSchedule default)",
+          _evolutionary, _xgb()),
+    Tuner("xgb-rank", "evolutionary search, XGBoost with a pairwise ranking objective on per-store features",
+          _evolutionary, _xgb_rank),
+    Tuner("xgb_knob", "evolutionary search, XGBoost on the decoded schedule knobs", _evolutionary,
+          _xgb(_knob_features)),
+    Tuner("xgb_itervar", "evolutionary search, XGBoost on per-loop iteration-variable features", _evolutionary,
+          _xgb(_itervar_features)),
+    Tuner("ga", "evolutionary search (mutation of measured traces) without a learned model", _evolutionary,
+          _random_model),
+    Tuner("random", "independent random samples of the design space (replay-trace)", _replay, _random_model),
+]}
+
+
+def get_tuner(tuner: str | Tuner) -> Tuner:
+    """A tuner by name (or a :class:`Tuner` passed through)."""
+    if isinstance(tuner, Tuner):
+        return tuner
+    name = str(tuner)
+    if name in TUNERS:
+        return TUNERS[name]
+    if name in PENDING:
+        raise OpBenchError(f"tuner '{name}' ({PENDING[name]}) is not implemented yet "
+                           f"(accepted: {', '.join(TUNERS)})")
+    raise OpBenchError(f"unknown tuner '{name}' (accepted: {', '.join(TUNERS)})")

@@ -1,0 +1,114 @@
+"""Tuning benchmark: a model's default kernels against its tuned ones, side by side in one run.
+
+Runs ``collect --iftune true --ifcompare true`` (default kernels measured, every task tuned, tuned
+kernels measured, then the parallel schedules of the tuned kernels), then ``compare`` on the default
+kernels and, with ``--torch``, on PyTorch's kernels, and writes one JSON summary:
+whole-model Relax VM latency before and after, the sequential CUDA Graph (or CPU) latency and the
+best parallel schedule of default and tuned kernels, per-task speedups, tuning time and trials/s.
+
+The dataset and the tuning database live in ``--work`` (kept between runs, so a second run resumes
+the tuning); the summary, the collect JSON and a copy of the database go to ``--out``.
+
+    PYTHONPATH=python python3 scripts/bench_tuning.py --model resnet-18 --target llvm --trials 64 --out DIR
+    PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-tasks 8 --torch --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "opbench"]
+
+
+def _run(args: list[str], log: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    print("+", " ".join(args), flush=True)
+    with open(log, "a") as out:
+        proc = subprocess.run([*CLI, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+        out.write(proc.stdout)
+    print(proc.stdout[-6000:], flush=True)
+    return proc
+
+
+def _best(schedules: list[dict]) -> dict:
+    kept = [s for s in schedules if s.get("kept")]
+    return kept[0] if kept else min(schedules, key=lambda s: s["latency_ms"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet-18")
+    p.add_argument("--source", default="local")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--batchsize", default="1")
+    p.add_argument("--tuner", default="xgb")
+    p.add_argument("--trials", type=int, default=64)
+    p.add_argument("--tune-tasks", type=int, default=None, help="tune only the N heaviest tasks")
+    p.add_argument("--torch", action="store_true", help="also compare PyTorch's kernels (eager, graph, compile)")
+    p.add_argument("--work", default=os.path.expanduser("~/opbench-tuning"), help="dataset and database folder")
+    p.add_argument("--out", default=os.environ.get("OUT", "out"), help="where the JSON summary goes")
+    args = p.parse_args()
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    dataset, database = work / "tuning.sqlite", work / f"db-{args.target}"
+    log = out / "bench_tuning.log"
+    model = ["--modelsource", args.source, "--modelname", args.model, "--target", args.target,
+             "--batchsize", args.batchsize]
+    start = time.perf_counter()
+    tuned_json, default_json, torch_json = out / "collect_tuned.json", out / "compare_default.json", \
+        out / "compare_torch.json"
+    extra = ["--tune-tasks", str(args.tune_tasks)] if args.tune_tasks else []
+    proc = _run(["collect", *model, "--iftune", "true", "--tuner", args.tuner, "--trials", str(args.trials), *extra,
+                 "--ifcompare", "true", "--dataset", str(dataset), "--database", str(database),
+                 "--json", str(tuned_json)], log)
+    if proc.returncode not in (0, 3):
+        return proc.returncode
+    default = _run(["compare", *model, "--backend", "tvm", "--json", str(default_json)], log)
+    summary: dict = {"model": args.model, "target": args.target, "tuner": args.tuner, "trials": args.trials,
+                     "tune_tasks": args.tune_tasks}
+    collected = json.loads(tuned_json.read_text())
+    tuning = collected["tuning"]
+    summary["tuning"] = {k: v for k, v in tuning.items() if k != "tasks"}
+    summary["tasks"] = tuning["tasks"]
+    summary["environment"] = collected["environment"]
+    tuned_rows = collected.get("schedules", [])
+    if default.returncode == 0:
+        default_rows = json.loads(default_json.read_text())["schedules"]
+        summary["default_kernels"] = {"sequential_ms": default_rows[0]["latency_ms"],
+                                      "best": _best(default_rows)}
+    if tuned_rows:
+        summary["tuned_kernels"] = {"sequential_ms": tuned_rows[0]["latency_ms"], "best": _best(tuned_rows),
+                                    "critical_path": collected.get("critical_path")}
+    if "default_kernels" in summary and "tuned_kernels" in summary:
+        summary["sequential_speedup"] = (summary["default_kernels"]["sequential_ms"]
+                                         / summary["tuned_kernels"]["sequential_ms"])
+    if args.torch:
+        t = _run(["compare", *model, "--backend", "torch", "--json", str(torch_json)], log)
+        if t.returncode == 0:
+            rows = json.loads(torch_json.read_text())["schedules"]
+            summary["torch_kernels"] = {"sequential_ms": rows[0]["latency_ms"], "best": _best(rows)}
+    summary["wall_s"] = time.perf_counter() - start
+    if database.is_dir():
+        copy = out / "database"
+        copy.mkdir(exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            if (database / name).is_file():
+                shutil.copy(database / name, copy / name)
+    (out / "bench_tuning.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("tasks", "environment")}, indent=1,
+                     default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

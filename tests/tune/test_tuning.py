@@ -1,0 +1,157 @@
+"""Tuning on MetaSchedule (llvm, tiny tasks): every tuner writes trial rows with decoded knobs, the best
+record is applied and computes what the untuned kernel computes, runs resume, failures are recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from opbench import OpBenchError
+from opbench.dataset import Dataset
+from opbench.models import load_workload
+from opbench.tune import TUNERS, get_tuner
+
+pytest.importorskip("xgboost")
+pytest.importorskip("cloudpickle")
+
+MODEL = "matmul:n=32"
+
+
+def _tune(tmp_path, tuner="xgb", trials=4, model=MODEL, **kwargs):
+    from opbench.pipeline.tune import tune_workload
+    from opbench.runtime import resolve_target
+
+    target = resolve_target("llvm")
+    workload = load_workload("simple", model, 1)
+    with Dataset(tmp_path / "d.sqlite") as ds:
+        run = tune_workload(workload, target, ds, tmp_path / "db", tuner, trials, **kwargs)
+        rows = ds.rows("trials")
+    return workload, target, run, rows
+
+
+def _outputs(workload, target, database=None):
+    from opbench.ir import extract_operators
+    from opbench.runtime import OperatorKernels, build_module
+
+    lowered, graph = extract_operators(workload.mod, target)
+    kernels = OperatorKernels(graph, build_module(lowered, target, database))
+    outs, _ = kernels.replay(kernels.to_device(workload.example_inputs()))
+    return [o.numpy() for o in outs]
+
+
+@pytest.mark.parametrize("name", sorted(TUNERS))
+def test_every_tuner_records_trials_and_applies_the_best(name, tmp_path):
+    from opbench.tune.database import applied_database
+
+    workload, target, run, rows = _tune(tmp_path, name, trials=4)
+    assert run.tuner == name and len(run.tasks) == 1 and run.tasks[0].trials == len(rows) == 4
+    assert [r["trial"] for r in rows] == [0, 1, 2, 3] and {r["tuner"] for r in rows} == {name}
+    ok = [r for r in rows if r["build_status"] == "ok"]
+    assert ok, [r["error"] for r in rows]
+    for r in ok:
+        knobs = json.loads(r["knobs"])
+        assert any(k.startswith("tile.matmul") for k in knobs), knobs
+        assert len(json.loads(r["run_secs"])) >= 3 and r["latency_median_s"] > 0
+        assert json.loads(r["trace"])[0][0][0] in ("GetSBlock", "GetBlock")
+    best = [r["best_so_far_s"] for r in rows if r["best_so_far_s"] is not None]
+    assert best == sorted(best, reverse=True)  # best so far never gets worse
+    assert rows[0]["workload_id"] == workload.workload_id and rows[0]["task"] == "matmul"
+    applied = applied_database(tmp_path / "db", run.extracted, target)
+    assert applied is not None and applied.config.startswith("db:") and set(applied.tasks) == {"matmul"}
+    np.testing.assert_allclose(_outputs(workload, target, applied.database)[0], _outputs(workload, target)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_resume_continues_towards_trials(tmp_path):
+    _, _, first, _ = _tune(tmp_path, "random", trials=2)
+    _, _, second, rows = _tune(tmp_path, "random", trials=5)
+    assert first.tasks[0].trials == 2 and second.tasks[0].before == 2 and second.tasks[0].trials == 3
+    assert [r["trial"] for r in rows] == [0, 1, 2, 3, 4]
+    _, _, third, rows = _tune(tmp_path, "random", trials=5)
+    assert third.tasks[0].trials == 0 and len(rows) == 5  # nothing left to do
+    records = (tmp_path / "db" / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) == 5  # the database TVM reads holds every trial
+
+
+def test_failed_candidates_are_recorded_and_defaults_kept(tmp_path, monkeypatch):
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+
+    import opbench.pipeline.tune as job
+    from opbench.tune.database import applied_database
+
+    @derived_object
+    class Broken(PyBuilder):
+        def build(self, build_inputs):
+            return [BuilderResult(None, "RuntimeError: no compiler today") for _ in build_inputs]
+
+    monkeypatch.setattr(job, "_builder", lambda target: Broken())
+    workload, target, run, rows = _tune(tmp_path, "random", trials=3)
+    assert [r["build_status"] for r in rows] == ["build_error"] * 3
+    assert all(r["error"] == "RuntimeError: no compiler today" and r["latency_median_s"] is None for r in rows)
+    assert run.tasks[0].valid == 0 and run.tasks[0].best_s is None
+    assert applied_database(tmp_path / "db", run.extracted, target) is None  # default kernels stay
+
+
+def test_heaviest_tasks_first_and_limit(tmp_path):
+    _, _, run, rows = _tune(tmp_path, "random", trials=2, model="branchy:branches=2,depth=1,channels=4,size=6",
+                            order={"conv2d2": 1.0, "fused_conv2d_relu": 0.5}, tasks_limit=2)
+    assert [t.task for t in run.tasks] == ["conv2d2", "fused_conv2d_relu"]
+    assert {r["task"] for r in rows} == {"conv2d2", "fused_conv2d_relu"}
+
+
+def test_tuner_names():
+    assert set(TUNERS) == {"xgb", "xgb-rank", "xgb_knob", "xgb_itervar", "ga", "random"}
+    with pytest.raises(OpBenchError, match="tuner 'gridsearch' .* is not implemented yet"):
+        get_tuner("gridsearch")
+    with pytest.raises(OpBenchError, match="unknown tuner 'magic' \\(accepted: xgb, xgb-rank"):
+        get_tuner("magic")
+
+
+def test_database_for_another_target_is_refused(tmp_path):
+    from opbench.runtime import resolve_target
+    from opbench.tune.database import applied_database
+
+    _, _, run, _ = _tune(tmp_path, "random", trials=2)
+    other = resolve_target('{"kind": "llvm", "mcpu": "x86-64"}')
+    with pytest.raises(OpBenchError, match="holds records for another target only"):
+        applied_database(tmp_path / "db", run.extracted, other)
+
+
+def test_collect_iftune_cli(tmp_path):
+    from helpers import run
+
+    proc = run("--modelsource", "simple", "--modelname", MODEL, "--dataset", str(tmp_path / "d.sqlite"),
+               "--iftune", "true", "--tuner", "random", "--trials", "3", "--repeat", "2", "--min-repeat-ms", "1",
+               "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    tuning = summary["tuning"]
+    assert tuning["tuner"] == "random" and tuning["trials_per_task"] == 3 and tuning["trials"] == 3
+    (task,) = tuning["tasks"]
+    assert task["task"] == "matmul" and task["default_s"] > 0 and task["tuned_s"] > 0 and task["trials"] == 3
+    assert tuning["model_default_s"] > 0 and tuning["model_tuned_s"] > 0 and tuning["trials_per_s"] > 0
+    assert "Relax VM: default kernels" in proc.stdout and "matmul" in proc.stdout
+    assert (tmp_path / "d.tuning" / "database_tuning_record.json").is_file()
+    with contextlib.closing(sqlite3.connect(tmp_path / "d.sqlite")) as conn:
+        configs = dict(conn.execute("SELECT config, COUNT(*) FROM operators GROUP BY config").fetchall())
+        assert conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 3
+    assert configs.get("default") == 1  # default and tuned rows side by side (tuned unless slower)
+    assert summary["config"] in configs
+
+
+def test_collect_with_database_uses_tuned_kernels(tmp_path):
+    from helpers import run
+
+    _tune(tmp_path, "random", trials=2)
+    proc = run("--modelsource", "simple", "--modelname", MODEL, "--dataset", str(tmp_path / "other.sqlite"),
+               "--database", str(tmp_path / "db"), "--repeat", "2", "--min-repeat-ms", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "tuned kernels db:" in proc.stdout
+    missing = run("--modelsource", "simple", "--modelname", MODEL, "--dataset", str(tmp_path / "x.sqlite"),
+                  "--database", str(tmp_path / "nowhere"), "-q")
+    assert missing.returncode == 2 and "tuning database not found" in missing.stderr
