@@ -53,7 +53,12 @@ def main() -> int:
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--tune-tasks", type=int, default=None, help="tune only the N heaviest tasks")
-    p.add_argument("--torch", action="store_true", help="also compare PyTorch's kernels (eager, graph, compile)")
+    p.add_argument("--torch", action="store_true", help="also compare PyTorch's kernels (ATen, same schedules)")
+    p.add_argument("--compare-repeat", type=int, default=None, help="samples per schedule (default: 10 GPU, 3 CPU)")
+    p.add_argument("--compare-number", type=int, default=None, help="runs per sample (default: 20 GPU, 2 CPU)")
+    p.add_argument("--skip-default-compare", action="store_true",
+                   help="do not run the default kernels under every schedule (slow for untuned CPU kernels; the "
+                        "Relax VM before/after is measured anyway)")
     p.add_argument("--work", default=os.path.expanduser("~/opbench-tuning"), help="dataset and database folder")
     p.add_argument("--out", default=os.environ.get("OUT", "out"), help="where the JSON summary goes")
     args = p.parse_args()
@@ -64,16 +69,21 @@ def main() -> int:
     log = out / "bench_tuning.log"
     model = ["--modelsource", args.source, "--modelname", args.model, "--target", args.target,
              "--batchsize", args.batchsize]
+    cpu = args.target == "llvm" or '"llvm"' in args.target
+    repeat = args.compare_repeat or (3 if cpu else 10)
+    number = args.compare_number or (2 if cpu else 20)
+    sched = ["--compare-repeat", str(repeat), "--compare-number", str(number)]
     start = time.perf_counter()
     tuned_json, default_json, torch_json = out / "collect_tuned.json", out / "compare_default.json", \
         out / "compare_torch.json"
     extra = ["--tune-tasks", str(args.tune_tasks)] if args.tune_tasks else []
     proc = _run(["collect", *model, "--iftune", "true", "--tuner", args.tuner, "--trials", str(args.trials), *extra,
-                 "--ifcompare", "true", "--dataset", str(dataset), "--database", str(database),
+                 "--ifcompare", "true", *sched, "--dataset", str(dataset), "--database", str(database),
                  "--json", str(tuned_json)], log)
     if proc.returncode not in (0, 3):
         return proc.returncode
-    default = _run(["compare", *model, "--backend", "tvm", "--json", str(default_json)], log)
+    default = None if args.skip_default_compare else \
+        _run(["compare", *model, "--backend", "tvm", *sched, "--json", str(default_json)], log)
     summary: dict = {"model": args.model, "target": args.target, "tuner": args.tuner, "trials": args.trials,
                      "tune_tasks": args.tune_tasks}
     collected = json.loads(tuned_json.read_text())
@@ -82,7 +92,7 @@ def main() -> int:
     summary["tasks"] = tuning["tasks"]
     summary["environment"] = collected["environment"]
     tuned_rows = collected.get("schedules", [])
-    if default.returncode == 0:
+    if default is not None and default.returncode == 0:
         default_rows = json.loads(default_json.read_text())["schedules"]
         summary["default_kernels"] = {"sequential_ms": default_rows[0]["latency_ms"],
                                       "best": _best(default_rows)}
@@ -93,10 +103,14 @@ def main() -> int:
         summary["sequential_speedup"] = (summary["default_kernels"]["sequential_ms"]
                                          / summary["tuned_kernels"]["sequential_ms"])
     if args.torch:
-        t = _run(["compare", *model, "--backend", "torch", "--json", str(torch_json)], log)
+        t = _run(["compare", *model, "--backend", "torch", *sched, "--json", str(torch_json)], log)
         if t.returncode == 0:
             rows = json.loads(torch_json.read_text())["schedules"]
             summary["torch_kernels"] = {"sequential_ms": rows[0]["latency_ms"], "best": _best(rows)}
+    if "torch_kernels" in summary:
+        summary["tvm_tuned_vs_torch_sequential"] = (summary["torch_kernels"]["sequential_ms"]
+                                                    / (tuning["model_tuned_s"] * 1e3))
+    summary["compare_settings"] = {"repeat": repeat, "number": number}
     summary["wall_s"] = time.perf_counter() - start
     if database.is_dir():
         copy = out / "database"

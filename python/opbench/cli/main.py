@@ -187,7 +187,7 @@ def _add_export(sub: Any) -> None:
     p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
     p.add_argument("--format", default=None, help="csv or parquet (default: from --out's suffix, .csv or .parquet)")
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--table", default="all", help="runs, operators, models, corun (comma-separated) or all")
+    p.add_argument("--table", default="all", help="runs, operators, models, corun, trials (comma-separated) or all")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     _add_common(p)
     p.set_defaults(func=cmd_export)

@@ -24,6 +24,7 @@ from ..models import Workload
 from ..profile.env import device_id, environment_tags
 from ..profile.timer import Timing, TimingConfig, time_evaluator
 from ..runtime import OperatorKernels, build_module, canonical_target, flatten_outputs, relative_error
+from .runs import recorded_run
 
 log = logging.getLogger("opbench")
 
@@ -131,9 +132,8 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
     tags = environment_tags(target)
     if profiler is not None:
         tags.update(profiler.tags())
-    run_id = dataset.start_run(command, tags)
-    status = "failed"
-    try:
+    with recorded_run(dataset, command, tags) as run:
+        run_id = run.run_id
         _phase("%s: extracting operators (lowering to fused kernels)", workload.name)
         lowered, graph = extract_operators(workload.mod, target)
         _phase("%s: %d operators, %d unique tasks; compiling for %s", workload.name, len(graph),
@@ -225,19 +225,10 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                      "(--force measures again)", len(rows), model_row["run_id"])
         extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values,
                                  "summary": corun_summary, "resources": resources}
-        status = "ok" if not failed else "partial"
+        run.status = "ok" if not failed else "partial"
         return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
                              built.compile_seconds, measure_s, str(dataset.path), run_id, key, tags,
                              write_model, extra)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    except BaseException:
-        if signals.received():
-            status = "interrupted"
-        raise
-    finally:
-        dataset.finish_run(run_id, status)
 
 
 def key_only(key: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ..models import Workload
 from ..profile.env import environment_tags
 from ..runtime import is_gpu
 from .collect import measurement_key
+from .runs import recorded_run
 
 log = logging.getLogger("opbench")
 
@@ -133,11 +134,10 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     ms_target = tuning_target(target)
     key = {**measurement_key(workload, target), "config": "tuning"}
     tags = environment_tags(target)
-    run_id = dataset.start_run(command, tags)
-    status = "failed"
     start = time.perf_counter()
     done: list[TaskTuning] = []
-    try:
+    with recorded_run(dataset, command, tags) as run:
+        run_id = run.run_id
         log.info("%s: extracting tuning tasks", workload.name)
         lowered, _graph = extract_operators(workload.mod, target)
         signals.check()
@@ -195,17 +195,8 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
             done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), recorder.measured,
                                    recorder.valid + len(valid_before), recorder.best_s,
                                    time.perf_counter() - task_start))
-        status = "ok"
+        run.status = "ok"
         return TuningRun(tuner.name, trials, done, time.perf_counter() - start, database_dir, extracted)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    except BaseException:
-        if signals.received():
-            status = "interrupted"
-        raise
-    finally:
-        dataset.finish_run(run_id, status)
 
 
 def _quiet_metaschedule() -> None:
