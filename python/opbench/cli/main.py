@@ -592,7 +592,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..dataset import check_tables, export, export_format, export_targets, load
+    from ..dataset import Dataset, check_tables, export, export_format, export_targets
 
     path = dataset_path(args)
     tables = check_tables([t.strip() for t in args.table.split(",") if t.strip()])
@@ -601,7 +601,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_output_path(target, "--out")
     log.info("exporting %s from %s", ", ".join(tables), path)
     written = export(path, fmt, args.out, tables)
-    files = [{"table": t, "path": str(w), "rows": len(load(path, t))} for t, w in zip(tables, written, strict=True)]
+    with Dataset(path, readonly=True) as ds:
+        files = [{"table": t, "path": str(w), "rows": ds.count(t)} for t, w in zip(tables, written, strict=True)]
     if args.json:
         write_json("-", {"dataset": os.path.abspath(path), "format": fmt, "files": files})
     else:

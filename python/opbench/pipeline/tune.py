@@ -22,7 +22,7 @@ from ..ir import extract_operators
 from ..models import Workload
 from ..profile.env import environment_tags
 from ..runtime import is_gpu
-from .collect import measurement_key
+from .collect import key_only, measurement_key
 from .runs import recorded_run
 
 log = logging.getLogger("opbench")
@@ -131,7 +131,6 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     _check_tuning_deps()
     database_dir = Path(database_dir)
     database = open_database(database_dir)
-    ms_target = tuning_target(target)
     key = {**measurement_key(workload, target), "config": "tuning"}
     tags = environment_tags(target)
     start = time.perf_counter()
@@ -139,9 +138,8 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     with recorded_run(dataset, command, tags) as run:
         run_id = run.run_id
         log.info("%s: extracting tuning tasks", workload.name)
-        lowered, _graph = extract_operators(workload.mod, target)
+        extracted = extracted_tasks(workload, target)
         signals.check()
-        extracted = list(ms.relax_integration.extract_tasks(lowered, ms_target))
         weight = {t.task_name: int(t.weight) for t in extracted}
         ranked = sorted(extracted, key=lambda t: -(order or {}).get(t.task_name, 0.0) * weight[t.task_name])
         chosen = ranked[:tasks_limit] if tasks_limit else ranked
@@ -215,10 +213,7 @@ def _quiet_metaschedule() -> None:
 
 def dataset_trials(dataset: Dataset, key: dict[str, Any], task: str, tuner: str) -> int:
     """How many trials of ``task`` with ``tuner`` the dataset already holds (the next trial index)."""
-    from ..dataset.schema import KEY_COLUMNS
-
-    where = {**{c: key[c] for c in KEY_COLUMNS}, "task": task, "tuner": tuner}
-    return dataset.count("trials", where)
+    return dataset.count("trials", {**key_only(key), "task": task, "tuner": tuner})
 
 
 def extracted_tasks(workload: Workload, target: Any) -> list[Any]:
