@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,7 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
             signals.check()
             mod = task.dispatched[0]
             earlier = records_for(database, mod)
-            valid_before = [min(s) for s in (valid_secs(r) for r in earlier) if s]
+            valid_before = [statistics.median(s) for s in (valid_secs(r) for r in earlier) if s]
             remaining = trials - len(earlier)
             first = dataset_trials(dataset, key, task.task_name, tuner.name)
             if remaining <= 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,6 @@ def valid_secs(record: Any) -> list[float] | None:
     """A record's run times, or None for a failed candidate."""
     secs = [float(s) for s in (record.run_secs or [])]
     return secs if secs and max(secs) < FAILED_S else None
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2] if len(values) % 2 else 0.5 * (values[len(values) // 2 - 1] +
-                                                                     values[len(values) // 2])
 
 
 def records_for(database: Any, mod: Any) -> list[Any]:
@@ -114,7 +109,7 @@ def applied_database(folder: str | Path, tasks: list[Any], target: Any, exclude:
             if not same_target(record, target):
                 other_target += 1
                 continue
-            if best is None or _median(secs) < _median(valid_secs(best)):
+            if best is None or statistics.median(secs) < statistics.median(valid_secs(best)):
                 best = record
         if best is None:
             continue
@@ -122,7 +117,7 @@ def applied_database(folder: str | Path, tasks: list[Any], target: Any, exclude:
 
         workload = chosen.commit_workload(mod)
         chosen.commit_tuning_record(TuningRecord(best.trace, workload, best.run_secs, best.target, best.args_info))
-        picked[task.task_name] = _median(valid_secs(best))
+        picked[task.task_name] = statistics.median(valid_secs(best))
         parts.append([task.task_name, dumps(best.trace)])
     if other_target and not picked:
         raise OpBenchError(f"tuning database {str(folder)!r} holds records for another target only "
