@@ -1,7 +1,8 @@
 """Side-by-side benchmark of inter-operator parallelism (one run on the GPU machine).
 
 For each model, in ONE process and on the same inputs: PyTorch eager, PyTorch sequential CUDA
-Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels), and ours with
+Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels, or tuned ones
+from ``--database DIR``), and ours with
 every scheduler on each backend (tvm kernels; torch ATen kernels; torch with batch norm folded).
 TF32 is off (fp32 throughout). Every GPU time is the median of ``--repeat`` samples, each CUDA
 events around ``--number`` back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after
@@ -41,6 +42,38 @@ def rel_err(out, ref) -> float:
     return float((out - ref).abs().max() / ref.abs().max())
 
 
+def torch_baselines(module, x, res: dict, repeat: int, number: int, compile: bool = True):
+    """PyTorch eager, the module captured as-is in one CUDA Graph, and torch.compile
+    (mode="reduce-overhead") into ``res`` (ms, errors against eager, compile seconds); returns the
+    eager output."""
+    import torch
+
+    with torch.no_grad():
+        ref = module(x).clone()
+        res["pytorch_eager_ms"] = cuda_time(lambda: module(x), repeat, number) * 1e3
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                module(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = module(x)
+        graph.replay()
+        res["pytorch_cuda_graph_ms"] = cuda_time(graph.replay, repeat, number) * 1e3
+        res["pytorch_cuda_graph_err"] = rel_err(static_out, ref)
+        if compile:
+            t = time.perf_counter()
+            compiled = torch.compile(module, mode="reduce-overhead")
+            for _ in range(3):
+                compiled(x)
+            res["torch_compile_s"] = time.perf_counter() - t
+            res["torch_compile_ms"] = cuda_time(lambda: compiled(x), repeat, number) * 1e3
+            res["torch_compile_err"] = rel_err(compiled(x).clone(), ref)
+    return ref
+
+
 def bench_model(name: str, batch: int, args) -> dict:
     import torch
 
@@ -56,29 +89,7 @@ def bench_model(name: str, batch: int, args) -> dict:
     w = load_workload("local", name, batch)
     module = w.torch_module.cuda().eval()
     x = torch.from_numpy(w.example_inputs()[0]).cuda()
-    with torch.no_grad():
-        ref = module(x).clone()
-        res["pytorch_eager_ms"] = cuda_time(lambda: module(x), args.repeat, args.number) * 1e3
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                module(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = module(x)
-        graph.replay()
-        res["pytorch_cuda_graph_ms"] = cuda_time(graph.replay, args.repeat, args.number) * 1e3
-        res["pytorch_cuda_graph_err"] = rel_err(static_out, ref)
-        if not args.no_compile:
-            t = time.perf_counter()
-            compiled = torch.compile(module, mode="reduce-overhead")
-            for _ in range(3):
-                compiled(x)
-            res["torch_compile_s"] = time.perf_counter() - t
-            res["torch_compile_ms"] = cuda_time(lambda: compiled(x), args.repeat, args.number) * 1e3
-            res["torch_compile_err"] = rel_err(compiled(x).clone(), ref)
+    ref = torch_baselines(module, x, res, args.repeat, args.number, compile=not args.no_compile)
     print(f"  {name}:{batch} pytorch done", flush=True)
 
     schedulers = ["sequential", "greedy", "nimble", "opara", IOS(time_limit_s=args.ios_limit)]
@@ -86,7 +97,14 @@ def bench_model(name: str, batch: int, args) -> dict:
     target = resolve_target("cuda")
     t = time.perf_counter()
     lowered, opgraph = extract_operators(w.mod, target)
-    built = build_module(lowered, target)
+    applied = None
+    if args.database:  # tuned kernels where the database has records (default schedules elsewhere)
+        from opbench.pipeline.tune import extracted_tasks
+        from opbench.tune.database import applied_database
+
+        applied = applied_database(args.database, extracted_tasks(w, target), target)
+        res["tvm_config"] = applied.config if applied else "default"
+    built = build_module(lowered, target, applied.database if applied else None)
     res["tvm_compile_s"] = time.perf_counter() - t
     kernels = OperatorKernels(opgraph, built)
     vm = built.vm()
@@ -166,6 +184,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--database", default=None,
+                        help="MetaSchedule tuning database: TVM kernels tuned where it has records")
     parser.add_argument("--ios-limit", type=float, default=20.0)
     parser.add_argument("--name", default="bench_parallel.json")
     parser.add_argument("--backends", default="tvm,torch,torch+foldbn",

@@ -7,10 +7,14 @@ whole-model Relax VM latency before and after, the sequential CUDA Graph (or CPU
 best parallel schedule of default and tuned kernels, per-task speedups, tuning time and trials/s.
 
 The dataset and the tuning database live in ``--work`` (kept between runs, so a second run resumes
-the tuning); the summary, the collect JSON and a copy of the database go to ``--out``.
+the tuning); the summary, the collect JSON and a copy of the database go to ``--out``. With
+``--phase tune`` only the tuning runs (``--tune-time`` bounds it), so a long tuning can be split
+over several invocations before the comparison. With ``--torch``, the ten operators that take the
+longest with default kernels are listed with their default, tuned and ATen (PyTorch) times.
 
     PYTHONPATH=python python3 scripts/bench_tuning.py --model resnet-18 --target llvm --trials 64 --out DIR
-    PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-tasks 8 --torch --out DIR
+    PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-time 600 --phase tune
+    PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-time 1 --torch --out DIR
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
 CLI = [sys.executable, "-m", "opbench"]
 
 
@@ -44,6 +49,67 @@ def _best(schedules: list[dict]) -> dict:
     return kept[0] if kept else min(schedules, key=lambda s: s["latency_ms"])
 
 
+def top_operators(tasks: list[dict], tvm_ops: list[dict], torch_ops: list[dict] | None, n: int = 10
+                  ) -> list[dict]:
+    """The ``n`` operators slowest with default kernels: default, tuned and (matched by position
+    among the convolutions, output shapes checked) ATen time of the same convolution."""
+    by_task = {t["func"]: t for t in tasks}
+    aten: dict[int, float] = {}
+    if torch_ops:
+        convs = [o for o in tvm_ops if "conv" in o["kind"]]
+        theirs = [o for o in torch_ops if "conv" in o["kind"]]
+        pairs = list(zip(convs, theirs, strict=False)) if len(convs) == len(theirs) else []
+        if pairs and all(a["output_shape"] == b["output_shape"] for a, b in pairs):
+            aten = {a["index"]: b["alone_ms"] for a, b in pairs}
+    rows = []
+    for op in tvm_ops:
+        task = by_task.get(op["name"])
+        if task is None or task["default_s"] is None:
+            continue
+        tuned = task["tuned_s"] if task["kept"] else task["default_s"]
+        rows.append({"operator": op["index"], "func": op["name"], "kind": op["kind"],
+                     "output_shape": op["output_shape"], "dlight_ms": task["default_s"] * 1e3,
+                     "tuned_ms": tuned * 1e3 if tuned else None, "aten_ms": aten.get(op["index"]),
+                     "tuned_kept": task["kept"]})
+    rows.sort(key=lambda r: -r["dlight_ms"])
+    return rows[:n]
+
+
+def format_top(rows: list[dict]) -> str:
+    head = f"{'op':>4} {'func':<44}{'shape':>18}{'dlight ms':>11}{'tuned ms':>10}{'ATen ms':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        shape = "x".join(str(d) for d in r["output_shape"])
+        aten = "-" if r["aten_ms"] is None else f"{r['aten_ms']:.4f}"
+        tuned = "-" if r["tuned_ms"] is None else f"{r['tuned_ms']:.4f}"
+        lines.append(f"{r['operator']:>4} {r['func'][:43]:<44}{shape:>18}{r['dlight_ms']:>11.4f}{tuned:>10}{aten:>9}")
+    return "\n".join(lines)
+
+
+def pytorch_reference(args: argparse.Namespace) -> dict:
+    """The model in PyTorch, measured like ``scripts/bench_parallel.py`` does (same settings)."""
+    import torch
+    from bench_parallel import torch_baselines
+
+    from opbench.models import load_workload
+
+    workload = load_workload(args.source, args.model, int(args.batchsize))
+    module = workload.torch_module.cuda().eval()
+    x = torch.from_numpy(workload.example_inputs()[0]).cuda()
+    res: dict = {}
+    torch_baselines(module, x, res, args.compare_repeat or 10, args.compare_number or 20)
+    return res
+
+
+def _copy_database(database: Path, out: Path) -> None:
+    if database.is_dir():
+        copy = out / "database"
+        copy.mkdir(exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            if (database / name).is_file():
+                shutil.copy(database / name, copy / name)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet-18")
@@ -53,6 +119,9 @@ def main() -> int:
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--tune-tasks", type=int, default=None, help="tune only the N heaviest tasks")
+    p.add_argument("--tune-time", type=float, default=None, help="start no new task after this many seconds")
+    p.add_argument("--phase", default="all", choices=["all", "tune"],
+                   help="tune: only the tuning (collect --iftune), no comparisons")
     p.add_argument("--torch", action="store_true", help="also compare PyTorch's kernels (ATen, same schedules)")
     p.add_argument("--compare-repeat", type=int, default=None, help="samples per schedule (default: 10 GPU, 3 CPU)")
     p.add_argument("--compare-number", type=int, default=None, help="runs per sample (default: 20 GPU, 2 CPU)")
@@ -77,10 +146,13 @@ def main() -> int:
     tuned_json, default_json, torch_json = out / "collect_tuned.json", out / "compare_default.json", \
         out / "compare_torch.json"
     extra = ["--tune-tasks", str(args.tune_tasks)] if args.tune_tasks else []
+    extra += ["--tune-time", str(args.tune_time)] if args.tune_time else []
+    compare = ["--ifcompare", "true", *sched] if args.phase == "all" else []
     proc = _run(["collect", *model, "--iftune", "true", "--tuner", args.tuner, "--trials", str(args.trials), *extra,
-                 "--ifcompare", "true", *sched, "--dataset", str(dataset), "--database", str(database),
+                 *compare, "--dataset", str(dataset), "--database", str(database),
                  "--json", str(tuned_json)], log)
-    if proc.returncode not in (0, 3):
+    _copy_database(database, out)
+    if proc.returncode not in (0, 3) or args.phase == "tune":
         return proc.returncode
     default = None if args.skip_default_compare else \
         _run(["compare", *model, "--backend", "tvm", *sched, "--json", str(default_json)], log)
@@ -107,17 +179,17 @@ def main() -> int:
         if t.returncode == 0:
             rows = json.loads(torch_json.read_text())["schedules"]
             summary["torch_kernels"] = {"sequential_ms": rows[0]["latency_ms"], "best": _best(rows)}
+    summary["top_operators"] = top_operators(
+        tuning["tasks"], collected.get("operator_times", []),
+        json.loads(torch_json.read_text()).get("operator_times") if args.torch and torch_json.is_file() else None)
+    print(format_top(summary["top_operators"]))
+    if args.torch and not cpu:  # PyTorch itself in this process: eager, its own CUDA Graph, torch.compile
+        summary["pytorch"] = pytorch_reference(args)
     if "torch_kernels" in summary:
         summary["tvm_tuned_vs_torch_sequential"] = (summary["torch_kernels"]["sequential_ms"]
                                                     / (tuning["model_tuned_s"] * 1e3))
     summary["compare_settings"] = {"repeat": repeat, "number": number}
     summary["wall_s"] = time.perf_counter() - start
-    if database.is_dir():
-        copy = out / "database"
-        copy.mkdir(exist_ok=True)
-        for name in ("database_workload.json", "database_tuning_record.json"):
-            if (database / name).is_file():
-                shutil.copy(database / name, copy / name)
     (out / "bench_tuning.json").write_text(json.dumps(summary, indent=2, default=str))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("tasks", "environment")}, indent=1,
                      default=str))

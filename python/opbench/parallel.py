@@ -106,7 +106,8 @@ def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
     bounds the speedup. The chain can run slower than the sum of its alone-times (``path_ms``): a
     kernel repeated alone finds its weights in L2.
 
-    Returns ``ops`` (the path), ``chain_ms``, ``path_ms`` and ``sum_ms`` (all alone-times).
+    Returns ``ops`` (the path), ``chain_ms``, ``path_ms``, ``sum_ms`` (all alone-times) and
+    ``alone_ms`` (each operator's alone-time, by index).
     """
     graph = backend.graph
     alone = list(latencies) if latencies is not None else operator_latencies(backend, repeat, number)
@@ -125,7 +126,8 @@ def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
         last = came_from[last]
     path.reverse()
     return {"ops": path, "chain_ms": median(time_ops(backend, path, repeat, number)) * 1e3,
-            "path_ms": sum(alone[op] for op in path) * 1e3, "sum_ms": sum(alone) * 1e3}
+            "path_ms": sum(alone[op] for op in path) * 1e3, "sum_ms": sum(alone) * 1e3,
+            "alone_ms": [t * 1e3 for t in alone]}
 
 
 def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,

@@ -162,16 +162,16 @@ def test_failed_operators_exit_3(tmp_path, monkeypatch, capsys):
     import importlib
 
     cli = importlib.import_module("opbench.cli.main")
-    job = importlib.import_module("opbench.pipeline.collect")
+    base = importlib.import_module("opbench.profile.base")
 
-    real = job.time_evaluator
+    real = base.time_evaluator
 
     def flaky(module, name, *args, **kwargs):
         if name.startswith("concatenate"):
             raise RuntimeError("kernel exploded")
         return real(module, name, *args, **kwargs)
 
-    monkeypatch.setattr(job, "time_evaluator", flaky)
+    monkeypatch.setattr(base, "time_evaluator", flaky)
     code = cli.main(["collect", "--modelsource", "simple", "--modelname", SMALL, "--dataset",
                      str(tmp_path / "d.sqlite"), *FAST])
     assert code == 3

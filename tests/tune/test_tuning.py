@@ -104,10 +104,15 @@ def test_heaviest_tasks_first_and_limit(tmp_path):
     assert {r["task"] for r in rows} == {"conv2d2", "fused_conv2d_relu"}
 
 
+def test_time_limit_stops_starting_tasks(tmp_path):
+    _, _, run, rows = _tune(tmp_path, "random", trials=2, model="branchy:branches=2,depth=1,channels=4,size=6",
+                            order={"conv2d2": 1.0, "fused_conv2d_relu": 0.5}, time_limit=0.001)
+    assert [t.task for t in run.tasks] == ["conv2d2"]  # the first task took longer than the limit
+    assert {r["task"] for r in rows} == {"conv2d2"}
+
+
 def test_tuner_names():
-    assert set(TUNERS) == {"xgb", "xgb-rank", "xgb_knob", "xgb_itervar", "ga", "random"}
-    with pytest.raises(OpBenchError, match="tuner 'gridsearch' .* is not implemented yet"):
-        get_tuner("gridsearch")
+    assert set(TUNERS) == {"xgb", "xgb-rank", "xgb_knob", "xgb_itervar", "xgb_curve", "ga", "random", "gridsearch"}
     with pytest.raises(OpBenchError, match="unknown tuner 'magic' \\(accepted: xgb, xgb-rank"):
         get_tuner("magic")
 
@@ -155,3 +160,19 @@ def test_collect_with_database_uses_tuned_kernels(tmp_path):
     missing = run("--modelsource", "simple", "--modelname", MODEL, "--dataset", str(tmp_path / "x.sqlite"),
                   "--database", str(tmp_path / "nowhere"), "-q")
     assert missing.returncode == 2 and "tuning database not found" in missing.stderr
+
+
+def test_pool_builder_builds_in_worker_processes(tmp_path, monkeypatch):
+    import opbench.pipeline.tune as job
+    from opbench.tune.measure import PoolBuilder
+
+    builders = []
+
+    def pool(target):
+        builders.append(PoolBuilder(max_workers=2))
+        return builders[-1]
+
+    monkeypatch.setattr(job, "_builder", pool)
+    workload, target, run, rows = _tune(tmp_path, "random", trials=3)
+    assert [r["build_status"] for r in rows] == ["ok"] * 3 and run.tasks[0].valid == 3
+    assert builders[0]._pool is None  # the workers are stopped when tuning ends

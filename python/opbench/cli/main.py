@@ -89,6 +89,13 @@ def _nonneg_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _nonneg_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("-q", "--quiet", action="store_true", help="warnings and the summary only: no progress, "
@@ -128,7 +135,16 @@ def _add_collect(sub: Any, prog: str | None = None) -> None:
     g.add_argument("--trials", type=_positive_int, default=64, help="measured candidates per task when tuning")
     p.add_argument("--tune-tasks", type=_positive_int, default=None,
                    help="tune only the N heaviest tasks (default: every task)")
+    p.add_argument("--tune-time", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start no new task after this much tuning (the rest keep default kernels; a re-run "
+                        "continues)")
     _add_database_flag(p)
+    r = p.add_argument_group("remote devices (TVM RPC tracker; builds stay on this machine)")
+    r.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="measure operators, the model and tuning candidates on devices registered here")
+    r.add_argument("--rpc-key", default=None, help="the key the remote devices registered with")
+    r.add_argument("--rpc-workers", type=_positive_int, default=1,
+                   help="candidates measured at once while tuning (one per remote device)")
     p.add_argument("--dataset", default=None, help=f"SQLite dataset (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
     p.add_argument("--force", action="store_true", help="re-measure rows already in the dataset")
     p.add_argument("--repeat", type=_positive_int, default=10, help="timed samples per operator")
@@ -339,18 +355,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
     check_output_path(args.save_schedule, "--save-schedule")
     if args.ifcompare:
         _scheduler_names(args)
-    target = resolve_target(args.target)
+    rpc = _rpc_spec(args)
+    if rpc is not None and (args.corun or args.ifcompare):
+        raise OpBenchError(f"{'--corun' if args.corun else '--ifcompare'} runs on this machine's GPU, not over "
+                           "--rpc-tracker (accepted with RPC: collect and --iftune)")
+    if rpc is not None:
+        rpc.check()  # an unreachable tracker or an unknown key fails before any work
+    target = resolve_target(args.target, local_device=rpc is None)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
     path = dataset_path(args)
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
     database_dir = _database_dir(args, path)
     workload = _load(args)
-    profiler = None
-    if is_gpu(target):
-        from ..profile.cuda import CudaProfiler
-
-        profiler = CudaProfiler(corun_k=args.corun_k, corun_limit=args.corun_limit if args.corun else 0)
+    profiler = _profiler(args, target, rpc)
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
     command = shlex.join([args.prog_name, *args.argv])
@@ -367,7 +385,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
             result, tuning = _collect_tuned(args, workload, target, dataset, database_dir, tuner, options,
                                             command, profiler, out)
         else:
-            applied = _applied(database_dir, workload, target) if database_dir else None
+            applied = _applied(database_dir, workload, target, device=getattr(profiler, "remote", None)) \
+                if database_dir else None
             result = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
     m = result.model_row
     totals = kind_totals(result.rows)
@@ -416,6 +435,33 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return EXIT_FAILED_OPS if result.failed else EXIT_OK
 
 
+def _rpc_spec(args: argparse.Namespace) -> Any:
+    """``--rpc-tracker``/``--rpc-key``/``--rpc-workers`` checked, or None without a tracker."""
+    from ..profile.rpc import RPCSpec
+
+    if args.rpc_tracker is None:
+        if args.rpc_key is not None:
+            raise OpBenchError("--rpc-key needs --rpc-tracker HOST:PORT")
+        return None
+    return RPCSpec.parse(args.rpc_tracker, args.rpc_key, args.rpc_workers)
+
+
+def _profiler(args: argparse.Namespace, target: Any, rpc: Any) -> Any:
+    """Where operators are timed: a remote device, this machine's GPU, or this machine's CPU."""
+    from ..profile import LocalProfiler
+    from ..runtime import is_gpu
+
+    if rpc is not None:
+        from ..profile.rpc import RPCProfiler
+
+        return RPCProfiler(rpc, target)
+    if is_gpu(target):
+        from ..profile.cuda import CudaProfiler
+
+        return CudaProfiler(corun_k=args.corun_k, corun_limit=args.corun_limit if args.corun else 0)
+    return LocalProfiler()
+
+
 def _database_dir(args: argparse.Namespace, dataset: str) -> Path | None:
     """``--database``, else (with ``--iftune``) ``<dataset>.tuning``; checked before any work."""
     from ..tune.database import default_database_dir
@@ -430,11 +476,12 @@ def _database_dir(args: argparse.Namespace, dataset: str) -> Path | None:
     return folder
 
 
-def _applied(database_dir: Path, workload: Any, target: Any, exclude: set[str] | None = None) -> Any:
+def _applied(database_dir: Path, workload: Any, target: Any, exclude: set[str] | None = None,
+             device: Any = None) -> Any:
     from ..pipeline.tune import extracted_tasks
     from ..tune.database import applied_database
 
-    applied = applied_database(database_dir, extracted_tasks(workload, target), target, exclude)
+    applied = applied_database(database_dir, extracted_tasks(workload, target, device), target, exclude)
     if applied is None:
         log.warning("tuning database %s has no record for this model's tasks; default kernels", database_dir)
     return applied
@@ -458,7 +505,8 @@ def _collect_tuned(args: argparse.Namespace, workload: Any, target: Any, dataset
     before = _task_latency(default.rows)
     log.info("2/3 tuning with '%s', %d trials per task", tuner.name, args.trials)
     run = tune_workload(workload, target, dataset, database_dir, tuner, args.trials, order=before,
-                        tasks_limit=args.tune_tasks, command=command)
+                        tasks_limit=args.tune_tasks, command=command, profiler=profiler,
+                        time_limit=args.tune_time)
     log.info("3/3 measuring the tuned kernels")
     applied = applied_database(database_dir, run.extracted, target)
     tuned = default
@@ -555,7 +603,11 @@ def _compare(backend: Any, args: argparse.Namespace) -> dict[str, Any]:
     print(line, file=out)
     if args.save_schedule:
         kept.save(args.save_schedule)
-    return {"schedules": table_rows(rows), "critical_path": bound}
+    times = [{"index": n.index, "name": n.func, "kind": n.kind,
+              "output_shape": list(n.output_shapes[0]) if n.output_shapes else [],
+              "alone_ms": bound["alone_ms"][n.index]} for n in backend.graph]
+    return {"schedules": table_rows(rows), "critical_path": {k: v for k, v in bound.items() if k != "alone_ms"},
+            "operator_times": times}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -21,8 +21,9 @@ from ..dataset import Dataset, model_key, now
 from ..errors import OpBenchError
 from ..ir import OpGraph, extract_operators
 from ..models import Workload
-from ..profile.env import device_id, environment_tags
-from ..profile.timer import Timing, TimingConfig, time_evaluator
+from ..profile.base import LocalProfiler, Profiler
+from ..profile.env import environment_tags
+from ..profile.timer import Timing, TimingConfig
 from ..runtime import OperatorKernels, build_module, canonical_target, flatten_outputs, relative_error
 from .runs import recorded_run
 
@@ -101,15 +102,21 @@ def _throughput(row: dict[str, Any], timing: Timing) -> None:
     row["gbytes_per_s"] = row["bytes"] / median / 1e9 if median > 0 else None
 
 
-def measurement_key(workload: Workload, target: Any, config: str = "default", l2_flush: bool = False
-                    ) -> dict[str, Any]:
-    """The dataset key of ``workload`` measured on ``target``, with its readable columns."""
-    from ..profile.env import device_name
+def measurement_key(workload: Workload, target: Any, config: str = "default", l2_flush: bool = False,
+                    device: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The dataset key of ``workload`` measured on ``target``, with its readable columns.
 
-    return model_key(workload.workload_id, device_id(target), config, l2_flush,
+    ``device`` is the measuring device's fingerprint when it is not this machine (a remote device
+    over RPC, see :meth:`opbench.profile.Profiler.device`).
+    """
+    from ..profile.env import device_fingerprint
+    from ..utils import digest
+
+    device = device or device_fingerprint(target)
+    return model_key(workload.workload_id, digest(device), config, l2_flush,
                      source=workload.source, model=workload.name, batch_size=workload.batch_size,
                      workload=workload.fingerprint(), target=canonical_target(target),
-                     device_name=device_name(target))
+                     device_name=device["device_name"])
 
 
 def _phase(message: str, *args: Any) -> None:
@@ -118,20 +125,19 @@ def _phase(message: str, *args: Any) -> None:
 
 
 def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectOptions | None = None,
-            command: str = "", profiler: Any = None) -> CollectResult:
+            command: str = "", profiler: Profiler | None = None) -> CollectResult:
     """Measure every operator of ``workload`` on ``target`` and write the rows to ``dataset``.
 
     Parameters
     ----------
     profiler:
-        Optional device profiler (see :mod:`opbench.profile.cuda`) with ``tags()``, ``time()``,
-        ``resources()`` and ``corun()``; the default times with TVM's ``time_evaluator``.
+        Where and how to time (:mod:`opbench.profile.base`): the CUDA profiler on GPUs, an RPC
+        profiler for remote devices; default: TVM's ``time_evaluator`` on this machine.
     """
     options = options or CollectOptions()
-    key = measurement_key(workload, target, options.config, options.timing.flush_l2)
-    tags = environment_tags(target)
-    if profiler is not None:
-        tags.update(profiler.tags())
+    profiler = profiler or LocalProfiler()
+    key = measurement_key(workload, target, options.config, options.timing.flush_l2, profiler.device(target))
+    tags = {**environment_tags(target), **profiler.tags()}
     with recorded_run(dataset, command, tags) as run:
         run_id = run.run_id
         _phase("%s: extracting operators (lowering to fused kernels)", workload.name)
@@ -140,6 +146,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                len(graph.tasks()), target.kind.name)
         built = build_module(lowered, target, options.database)
         _phase("compiled in %.1f s", built.compile_seconds)
+        built = profiler.place(built)
         kernels = OperatorKernels(graph, built)
         try:
             inputs = kernels.to_device(workload.example_inputs(options.seed))
@@ -156,7 +163,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             error = relative_error(outputs, flatten_outputs(vm["main"](*inputs)))
             if error > options.tolerance:
                 log.warning("per-operator replay differs from the Relax VM: relative error %.3g", error)
-        resources = profiler.resources(kernels) if profiler is not None else {}
+        resources = profiler.resources(kernels)
         tasks = graph.tasks()
         timed: dict[str, tuple[Timing | None, str | None]] = {}
         measured = skipped = failed = 0
@@ -172,11 +179,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 try:
                     args = kernels.args_for(node.index, inputs, values)
                     outs = kernels.allocate_outputs(node.index)
-                    if profiler is not None:
-                        timing = profiler.time(kernels, node.index, args, outs, options.timing)
-                    else:
-                        timing = time_evaluator(built.library, node.func, built.device,
-                                                [*args, *outs], options.timing)
+                    timing = profiler.time(kernels, node.index, args, outs, options.timing)
                     timed[node.task] = (timing, None)
                 except Exception as err:  # a kernel that fails is recorded, the run goes on
                     signals.check()
@@ -195,7 +198,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         measure_s = time.perf_counter() - start
         rows = dataset.rows("operators", key_only(key))
         corun_summary = {}
-        if profiler is not None and getattr(profiler, "corun_limit", 0):
+        if profiler.corun_limit:
             _phase("measuring co-run groups")
             corun_summary = _collect_coruns(graph, kernels, inputs, values, profiler, dataset, options,
                                             key, {**tags, "run_id": run_id})
@@ -205,9 +208,8 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             vm_timing = None
             if options.measure_vm:
                 _phase("timing the whole model in the Relax VM")
-                vm_timing = time_evaluator(vm, "main", built.device, inputs, options.timing)
-            if profiler is not None:
-                tags.update(profiler.end_tags())
+                vm_timing = profiler.time_model(built, inputs, options.timing)
+            tags.update(profiler.end_tags())
             model_row = {
                 **key, **tags, "run_id": run_id, "num_ops": len(graph), "unique_tasks": len(tasks),
                 "sum_op_latency_s": sum(r["latency_median_s"] or 0.0 for r in rows),
@@ -223,11 +225,16 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             model_row = existing[-1]
             log.info("nothing new to measure: the %d operators are in the dataset from run %s "
                      "(--force measures again)", len(rows), model_row["run_id"])
-        extra: dict[str, Any] = {"kernels": kernels, "built": built, "inputs": inputs, "values": values,
-                                 "summary": corun_summary, "resources": resources}
+        compile_s = built.compile_seconds
+        extra: dict[str, Any] = {"summary": corun_summary, "resources": resources}
+        if built.device.dlpack_device_type() < 128:  # kernels on this machine stay usable (--ifcompare)
+            extra.update(kernels=kernels, built=built, inputs=inputs, values=values)
+        else:  # remote: nothing keeps the session, so the device is free after this collection
+            del kernels, built, inputs, values, vm, outputs
+            profiler.release()
         run.status = "ok" if not failed else "partial"
         return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
-                             built.compile_seconds, measure_s, str(dataset.path), run_id, key, tags,
+                             compile_s, measure_s, str(dataset.path), run_id, key, tags,
                              write_model, extra)
 
 
@@ -238,7 +245,7 @@ def key_only(key: dict[str, Any]) -> dict[str, Any]:
     return {c: key[c] for c in KEY_COLUMNS}
 
 
-def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, values: Any, profiler: Any,
+def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, values: Any, profiler: Profiler,
                     dataset: Dataset, options: CollectOptions, key: dict[str, Any],
                     base: dict[str, Any]) -> dict[str, Any]:
     """Measure co-run groups from the model's antichains and write one row per group."""

@@ -4,6 +4,9 @@ record to the tuning database.
 
 It resumes: each task gets up to ``trials`` records in the database, counting those an earlier
 (interrupted) run left there, so a re-run continues where the last one stopped.
+
+Candidates are built here (see :mod:`opbench.tune.measure`) and measured by MetaSchedule's
+``LocalRunner``, or by its ``RPCRunner`` on remote devices when the profiler is an RPC one.
 """
 
 from __future__ import annotations
@@ -69,33 +72,41 @@ def _check_tuning_deps() -> None:
         raise OpBenchError(f"tuning needs {', '.join(missing)}: pip install 'opbench[tune]'")
 
 
-def _runner(target: Any) -> Any:
-    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
+def _evaluator() -> Any:
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
 
-    return LocalRunner(timeout_sec=60 if is_gpu(target) else 30,
-                       evaluator_config=EvaluatorConfig(number=3, repeat=3, min_repeat_ms=0,
-                                                        enable_cpu_cache_flush=False))
+    return EvaluatorConfig(number=3, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=False)
+
+
+def _runner(target: Any, profiler: Any = None) -> Any:
+    timeout = 60 if is_gpu(target) else 30
+    spec = getattr(profiler, "spec", None)
+    if spec is not None:  # an RPC profiler: MetaSchedule's RPCRunner on the same tracker and key
+        return spec.runner(_evaluator(), timeout_sec=timeout)
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    return LocalRunner(timeout_sec=timeout, evaluator_config=_evaluator())
 
 
 def _builder(target: Any) -> Any:
+    """On GPUs, a pool of worker processes (one per core) that lives for the tuning run; on CPUs,
+    builds in this process (the cores are busy measuring, and workers would only add start-up)."""
+    from ..tune.measure import InProcessBuilder, PoolBuilder
+
     if is_gpu(target):
-        from tvm.s_tir.meta_schedule.builder import LocalBuilder
-
-        return LocalBuilder(max_workers=max(1, (os.cpu_count() or 2)), timeout_sec=60,
-                            f_build="s_tir.meta_schedule.builder.default_build")
-    from ..tune.measure import InProcessBuilder
-
+        return PoolBuilder(max_workers=os.cpu_count() or 1)
     return InProcessBuilder()
 
 
-def tuning_target(target: Any) -> Any:
+def tuning_target(target: Any, device: Any = None) -> Any:
     """The target MetaSchedule tunes for: the collection target, with the core count on CPUs
-    (its parallel rules need ``num-cores``)."""
+    (its parallel rules need ``num-cores``) and the device's limits on GPUs (``device``: the
+    measuring device, remote or this machine's)."""
     import tvm
 
     if is_gpu(target):
         # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
-        dev = tvm.cuda(0)
+        dev = device if device is not None else tvm.cuda(0)
         config = {**target.export(), "max_threads_per_block": int(dev.max_threads_per_block),
                   "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
                   "thread_warp_size": int(dev.warp_size), "max_num_threads": int(dev.max_threads_per_block)}
@@ -110,7 +121,7 @@ def tuning_target(target: Any) -> Any:
 
 def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path, tuner: Any = "xgb",
                   trials: int = 64, order: dict[str, float] | None = None, tasks_limit: int | None = None,
-                  command: str = "") -> TuningRun:
+                  command: str = "", profiler: Any = None, time_limit: float | None = None) -> TuningRun:
     """Tune every unique task of ``workload`` for ``target`` (see the module docstring).
 
     Parameters
@@ -119,6 +130,10 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
         Optional default latency of each task (by fused function name): heavier tasks go first.
     tasks_limit:
         Tune only the first ``tasks_limit`` tasks in that order (the others keep default kernels).
+    profiler:
+        The collection's profiler; an RPC profiler sends the candidates to its remote devices.
+    time_limit:
+        Seconds of tuning after which no new task is started (a re-run continues).
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -132,14 +147,15 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     _check_tuning_deps()
     database_dir = Path(database_dir)
     database = open_database(database_dir)
-    key = {**measurement_key(workload, target), "config": "tuning"}
-    tags = environment_tags(target)
+    device = profiler.device(target) if profiler is not None else None
+    key = {**measurement_key(workload, target, device=device), "config": "tuning"}
+    tags = {**environment_tags(target), **(profiler.tags() if profiler is not None else {})}
     start = time.perf_counter()
     done: list[TaskTuning] = []
     with recorded_run(dataset, command, tags) as run:
         run_id = run.run_id
         log.info("%s: extracting tuning tasks", workload.name)
-        extracted = extracted_tasks(workload, target)
+        extracted = extracted_tasks(workload, target, getattr(profiler, "remote", None))
         signals.check()
         weight = {t.task_name: int(t.weight) for t in extracted}
         ranked = sorted(extracted, key=lambda t: -(order or {}).get(t.task_name, 0.0) * weight[t.task_name])
@@ -148,52 +164,62 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
         log.info("tuning %d of %d tasks with '%s', up to %d trials each; database %s", total, len(extracted),
                  tuner.name, trials, database_dir)
         work_dir = str(database_dir / "logs")
-        builder, runner = _builder(target), _runner(target)  # one of each for every task: workers start once
-        for i, task in enumerate(chosen, 1):
-            signals.check()
-            mod = task.dispatched[0]
-            earlier = records_for(database, mod)
-            valid_before = [statistics.median(s) for s in (valid_secs(r) for r in earlier) if s]
-            remaining = trials - len(earlier)
-            first = dataset_trials(dataset, key, task.task_name, tuner.name)
-            if remaining <= 0:
-                log.info("task %d/%d %s: %d trials already in the database", i, total, task.task_name, len(earlier))
-                done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), 0,
-                                       len(valid_before), min(valid_before, default=None), 0.0))
-                continue
-            task_start = time.perf_counter()
-            base = {**key, **tags, "run_id": run_id, "task": task.task_name, "task_weight": weight[task.task_name],
-                    "tuner": tuner.name}
+        builder, runner = _builder(target), _runner(target, profiler)  # one of each for every task
+        try:
+            cost_model = tuner.cost_model()  # shared by the tasks (see opbench.tune.tuners)
+            tuning_start = time.perf_counter()
+            for i, task in enumerate(chosen, 1):
+                signals.check()
+                if time_limit is not None and time.perf_counter() - tuning_start >= time_limit:
+                    log.info("tuning time limit of %.0f s reached: %d of %d tasks not tuned this run (a re-run "
+                             "continues)", time_limit, total - i + 1, total)
+                    break
+                mod = task.dispatched[0]
+                earlier = records_for(database, mod)
+                valid_before = [statistics.median(s) for s in (valid_secs(r) for r in earlier) if s]
+                remaining = trials - len(earlier)
+                first = dataset_trials(dataset, key, task.task_name, tuner.name)
+                if remaining <= 0:
+                    log.info("task %d/%d %s: %d trials already in the database", i, total, task.task_name, len(earlier))
+                    done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), 0,
+                                           len(valid_before), min(valid_before, default=None), 0.0))
+                    continue
+                task_start = time.perf_counter()
+                base = {**key, **tags, "run_id": run_id, "task": task.task_name, "task_weight": weight[task.task_name],
+                        "tuner": tuner.name}
 
-            def sink(row: dict[str, Any], base: dict[str, Any] = base) -> None:
-                dataset.put("trials", {**base, **row, "measured_at": now()})
+                def sink(row: dict[str, Any], base: dict[str, Any] = base) -> None:
+                    dataset.put("trials", {**base, **row, "measured_at": now()})
 
-            def report(rec: TrialRecorder, i: int = i, name: str = task.task_name, remaining: int = remaining,
-                       task_start: float = task_start) -> None:
-                elapsed = time.perf_counter() - start
-                done_trials = sum(t.trials for t in done) + rec.measured
-                left = trials * (total - i) + max(remaining - rec.measured, 0)
-                eta = elapsed / max(done_trials, 1) * left
-                best = "-" if rec.best_s is None else f"{rec.best_s * 1e3:.4f} ms"
-                log.info("task %d/%d %s: %d/%d trials, %d valid, best %s; %.0f s so far, about %.0f s left",
-                         i, total, name, rec.measured, remaining, rec.valid, best, elapsed, eta)
+                def report(rec: TrialRecorder, i: int = i, name: str = task.task_name, remaining: int = remaining,
+                           task_start: float = task_start) -> None:
+                    elapsed = time.perf_counter() - start
+                    done_trials = sum(t.trials for t in done) + rec.measured
+                    left = trials * (total - i) + max(remaining - rec.measured, 0)
+                    eta = elapsed / max(done_trials, 1) * left
+                    best = "-" if rec.best_s is None else f"{rec.best_s * 1e3:.4f} ms"
+                    log.info("task %d/%d %s: %d/%d trials, %d valid, best %s; %.0f s so far, about %.0f s left",
+                             i, total, name, rec.measured, remaining, rec.valid, best, elapsed, eta)
 
-            recorder = TrialRecorder(sink, first_index=first, best_s=min(valid_before, default=None),
-                                     on_batch=report)
-            strategy, cost_model = tuner.parts()
-            _quiet_metaschedule()
-            contexts, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task], work_dir, strategy=strategy, num_threads="physical")
-            ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
-                               max_trials_global=remaining, max_trials_per_task=remaining,
-                               num_trials_per_iter=min(64, remaining), builder=builder,
-                               runner=runner, database=database, cost_model=cost_model,
-                               measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), recorder],
-                               task_scheduler="round-robin")
-            signals.check()
-            done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), recorder.measured,
-                                   recorder.valid + len(valid_before), recorder.best_s,
-                                   time.perf_counter() - task_start))
+                recorder = TrialRecorder(sink, first_index=first, best_s=min(valid_before, default=None),
+                                         on_batch=report)
+                strategy = tuner.strategy(trials)
+                _quiet_metaschedule()
+                contexts, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                    [task], work_dir, strategy=strategy, num_threads="physical")
+                ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
+                                   max_trials_global=remaining, max_trials_per_task=remaining,
+                                   num_trials_per_iter=min(64, remaining), builder=builder,
+                                   runner=runner, database=database, cost_model=cost_model,
+                                   measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), recorder],
+                                   task_scheduler="round-robin")
+                signals.check()
+                done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), recorder.measured,
+                                       recorder.valid + len(valid_before), recorder.best_s,
+                                       time.perf_counter() - task_start))
+        finally:
+            if hasattr(builder, "close"):
+                builder.close()
         run.status = "ok"
         return TuningRun(tuner.name, trials, done, time.perf_counter() - start, database_dir, extracted)
 
@@ -217,9 +243,9 @@ def dataset_trials(dataset: Dataset, key: dict[str, Any], task: str, tuner: str)
     return dataset.count("trials", {**key_only(key), "task": task, "tuner": tuner})
 
 
-def extracted_tasks(workload: Workload, target: Any) -> list[Any]:
+def extracted_tasks(workload: Workload, target: Any, device: Any = None) -> list[Any]:
     """MetaSchedule's tasks of ``workload`` (for applying a database without tuning)."""
     from tvm.s_tir import meta_schedule as ms
 
     lowered, _graph = extract_operators(workload.mod, target)
-    return list(ms.relax_integration.extract_tasks(lowered, tuning_target(target)))
+    return list(ms.relax_integration.extract_tasks(lowered, tuning_target(target, device)))

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..runtime.kernels import OperatorKernels
+from .base import Profiler
 from .timer import Timing, TimingConfig, cuda_event_samples
 
 log = logging.getLogger("opbench")
@@ -77,8 +78,10 @@ def _throttle(text: str) -> str | None:
     return ",".join(names) or "none"
 
 
-class CudaProfiler:
+class CudaProfiler(Profiler):
     """Times operators and co-run groups on the GPU (see the module docstring for the method)."""
+
+    name = "cuda"
 
     def __init__(self, corun_k: int = 4, corun_limit: int = 0) -> None:
         try:

@@ -82,7 +82,7 @@ def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],
     for _ in range(config.warmup):
         func(*args)
     device.sync()
-    flush_cpu = config.flush_l2 and device.dlpack_device_type() == 1
+    flush_cpu = config.flush_l2 and device.dlpack_device_type() % 128 == 1  # a CPU, here or over RPC
     number = 1 if flush_cpu else config.number
     evaluator = module.time_evaluator(
         name, device, number=number, repeat=config.repeat,

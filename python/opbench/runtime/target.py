@@ -10,11 +10,13 @@ from ..errors import OpBenchError
 TARGETS = ("llvm", "cuda")
 
 
-def resolve_target(target: Any) -> Any:
+def resolve_target(target: Any, local_device: bool = True) -> Any:
     """Turn ``llvm``, ``cuda`` or a JSON target dict into a ``tvm.target.Target``.
 
     ``llvm`` compiles for the host CPU (LLVM's name for it, e.g. ``znver4``). ``cuda`` needs a visible NVIDIA GPU;
-    its architecture is read from the device (``sm_90`` on H100/H200).
+    its architecture is read from the device (``sm_90`` on H100/H200). With ``local_device=False``
+    (measuring on a remote device) nothing is read from this machine's GPU, and a CUDA target must
+    name its ``arch``.
     """
     import tvm
 
@@ -40,6 +42,10 @@ def resolve_target(target: Any) -> Any:
         from tvm.target.codegen import llvm_get_system_cpu
 
         config.setdefault("mcpu", llvm_get_system_cpu())
+    elif kind == "cuda" and not local_device:
+        if "arch" not in config:
+            raise OpBenchError("a remote GPU's architecture cannot be read from this machine: give it in the "
+                               'target, e.g. --target \'{"kind":"cuda","arch":"sm_90"}\'')
     elif kind == "cuda":
         dev = tvm.cuda(0)
         if not dev.exist:

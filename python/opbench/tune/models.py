@@ -4,6 +4,9 @@
   AutoTVM's ``knob`` features.
 * :class:`IterVarFeatures` (``PyFeatureExtractor``): per-loop features of the scheduled program
   (extent, loop kind, depth) for its outermost loops, AutoTVM's ``itervar`` features.
+* :class:`CurveFeatures` (``PyFeatureExtractor``): per-buffer touch and reuse curves over the loop
+  nest (how many distinct elements each buffer touches, and how often they are reused, inside the
+  innermost 1, 2, ... loops), sampled at fixed points, AutoTVM's ``curve`` features.
 * :class:`RankXGBModel` (an ``XGBModel``): XGBoost trained with a pairwise ranking loss on the
   candidates' summed scores, AutoTVM's ``rank`` objective; search only needs their order.
 """
@@ -81,6 +84,115 @@ class IterVarFeatures(PyFeatureExtractor):
 
     def extract_from(self, context: Any, candidates: list[Any]) -> list[Any]:
         return [_tensor(itervar_row(c.sch.mod["main"])[None, :]) for c in candidates]
+
+
+CURVE_BUFFERS = 5
+CURVE_POINTS = 8
+
+
+def _vars(expr: Any) -> set[Any]:
+    from tvm.tirx.analysis import undefined_vars
+
+    return set(undefined_vars(expr))
+
+
+def _loads(expr: Any, out: list[Any]) -> None:
+    """Every ``BufferLoad`` inside an expression."""
+    import tvm
+
+    if type(expr).__name__ in ("BufferLoad", "TensorLoad"):  # the class name differs across TVM versions
+        out.append(expr)
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value", "base", "stride"):
+        child = getattr(expr, attr, None)
+        if isinstance(child, tvm.ir.Expr):
+            _loads(child, out)
+    for attr in ("args", "indices"):
+        for child in getattr(expr, attr, None) or ():
+            if isinstance(child, tvm.ir.Expr):
+                _loads(child, out)
+
+
+def _accesses(func: Any) -> list[tuple[str, list[tuple[Any, int]], set[Any]]]:
+    """Every buffer access: (buffer name, enclosing loops outer to inner with extents, loop
+    variables its indices depend on); block variables are traced to the loops bound to them."""
+    from tvm import tirx
+
+    out: list[tuple[str, list[tuple[Any, int]], set[Any]]] = []
+
+    def loop_vars(indices: Any, binding: dict[Any, set[Any]]) -> set[Any]:
+        found: set[Any] = set()
+        for index in indices:
+            for v in _vars(index):
+                found |= binding.get(v, {v})
+        return found
+
+    def visit(node: Any, loops: list[tuple[Any, int]], binding: dict[Any, set[Any]]) -> None:
+        if isinstance(node, tirx.For):
+            try:
+                extent = int(node.extent)
+            except (TypeError, ValueError):
+                extent = 1
+            visit(node.body, [*loops, (node.loop_var, extent)], binding)
+        elif isinstance(node, tirx.SeqStmt):
+            for child in node.seq:
+                visit(child, loops, binding)
+        elif hasattr(node, "iter_values") and hasattr(node, "block"):  # a block realize: bind its vars
+            inner = dict(binding)
+            for iv, value in zip(node.block.iter_vars, node.iter_values, strict=False):
+                inner[iv.var] = set().union(*(binding.get(v, {v}) for v in _vars(value))) if _vars(value) else set()
+            visit(node.block, loops, inner)
+        elif isinstance(node, tirx.BufferStore):
+            out.append((node.buffer.name, loops, loop_vars(node.indices, binding)))
+            loads: list[Any] = []
+            _loads(node.value, loads)
+            for load in loads:
+                source = getattr(load, "buffer", None) or getattr(load, "source", None)  # BufferLoad / TensorLoad
+                out.append((str(getattr(source, "name", source)), loops, loop_vars(load.indices, binding)))
+        else:
+            for attr in ("body", "block", "init", "then_case", "else_case"):
+                child = getattr(node, attr, None)
+                if child is not None and child is not node:
+                    visit(child, loops, binding)
+
+    visit(func.body, [], {})
+    return out
+
+
+def curve_row(func: Any) -> np.ndarray:
+    """Touch and reuse curves of a scheduled PrimFunc's buffers (see the module docstring).
+
+    For an access inside loops ``l_1 .. l_n`` (outer to inner), level ``k`` covers the ``k``
+    innermost loops: the elements touched there are the product of the extents of those loops
+    the indices depend on, the reuse the product of the others. Each curve is sampled at levels
+    1..``CURVE_POINTS`` as log2(1 + value); a buffer accessed several times keeps the largest.
+    """
+    curves: dict[str, np.ndarray] = {}
+    for name, loops, used in _accesses(func):
+        touched = reuse = 1
+        points = np.zeros((CURVE_POINTS, 2), dtype="float64")
+        inner = list(reversed(loops))
+        for k in range(CURVE_POINTS):
+            if k < len(inner):
+                var, extent = inner[k]
+                if var in used:
+                    touched *= extent
+                else:
+                    reuse *= extent
+            points[k] = (math.log2(1 + touched), math.log2(1 + reuse))
+        curves[name] = np.maximum(curves.get(name, points), points)
+    ranked = sorted(curves.values(), key=lambda c: -c[-1, 0])[:CURVE_BUFFERS]
+    row = np.zeros((CURVE_BUFFERS, CURVE_POINTS, 2), dtype="float32")
+    for i, curve in enumerate(ranked):
+        row[i] = curve
+    return row.reshape(-1)
+
+
+@derived_object
+class CurveFeatures(PyFeatureExtractor):
+    """One row per candidate: :func:`curve_row` of its scheduled program."""
+
+    def extract_from(self, context: Any, candidates: list[Any]) -> list[Any]:
+        return [_tensor(curve_row(c.sch.mod["main"])[None, :]) for c in candidates]
 
 
 class RankXGBModel(XGBModel):

@@ -13,13 +13,19 @@ xgb_knob   evolutionary search; XGBoost on the schedule's knobs themselves (tile
            compute locations decoded from the trace), AutoTVM's ``knob`` features
 xgb_itervar evolutionary search; XGBoost on per-loop iteration-variable features (extent, loop
            kind, nesting depth, for the outermost loops of every block), AutoTVM's ``itervar``
+xgb_curve  evolutionary search; XGBoost on per-buffer touch and reuse curves over the loop nest,
+           AutoTVM's ``curve`` features
 ga         evolutionary search (mutation + crossover of measured good traces) with no learned
            model: candidates are picked at random from the evolved population
 random     replay-trace: each candidate is an independent random sample of the design space
+gridsearch every decision of the design space walked in grid order (AutoTVM's grid search), no model
 ========== ============================================================================================
 
-``xgb_curve`` and ``gridsearch`` are OpBench names without a MetaSchedule counterpart yet; asking
-for them is a clear error.
+The evolutionary search keeps a population of about eight candidates per trial of a task's budget
+(between 128 and MetaSchedule's 512): its cost is proportional to the population, and a budget of a
+few dozen trials gains nothing from a larger one. In one tuning run, all tasks share one cost model,
+as in MetaSchedule's own multi-task tuning, so what earlier tasks taught it ranks later tasks'
+candidates from their first batch.
 """
 
 from __future__ import annotations
@@ -30,11 +36,6 @@ from typing import Any
 
 from ..errors import OpBenchError
 
-PENDING = {
-    "xgb_curve": "AutoTVM's curve (reuse-distance) features",
-    "gridsearch": "an exhaustive grid over the design space's decisions",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Tuner:
@@ -42,24 +43,35 @@ class Tuner:
 
     name: str
     description: str
-    strategy: Callable[[], Any]
+    strategy: Callable[[int], Any]  # trials per task -> a fresh search strategy
     cost_model: Callable[[], Any]
 
-    def parts(self) -> tuple[Any, Any]:
-        """Fresh (search strategy, cost model) objects for one tuning run."""
-        return self.strategy(), self.cost_model()
+    def parts(self, trials: int = 64) -> tuple[Any, Any]:
+        """Fresh (search strategy, cost model) objects for one task with ``trials`` candidates."""
+        return self.strategy(trials), self.cost_model()
 
 
-def _evolutionary() -> Any:
+def population_for(trials: int) -> int:
+    """The evolutionary search's population for a task budget of ``trials`` (module docstring)."""
+    return min(512, max(128, 8 * trials))
+
+
+def _evolutionary(trials: int) -> Any:
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
-    return EvolutionarySearch()
+    return EvolutionarySearch(population_size=population_for(trials))
 
 
-def _replay() -> Any:
+def _replay(_trials: int) -> Any:
     from tvm.s_tir.meta_schedule.search_strategy import ReplayTrace
 
     return ReplayTrace()
+
+
+def _grid(_trials: int) -> Any:
+    from .strategies import GridSearch
+
+    return GridSearch()
 
 
 def _xgb(extractor: Any = "per-store-feature") -> Callable[[], Any]:
@@ -89,6 +101,12 @@ def _itervar_features() -> Any:
     return IterVarFeatures()
 
 
+def _curve_features() -> Any:
+    from .models import CurveFeatures
+
+    return CurveFeatures()
+
+
 def _random_model() -> Any:
     from tvm.s_tir.meta_schedule.cost_model import RandomModel
 
@@ -104,9 +122,12 @@ TUNERS: dict[str, Tuner] = {t.name: t for t in [
           _xgb(_knob_features)),
     Tuner("xgb_itervar", "evolutionary search, XGBoost on per-loop iteration-variable features", _evolutionary,
           _xgb(_itervar_features)),
+    Tuner("xgb_curve", "evolutionary search, XGBoost on per-buffer touch and reuse curves", _evolutionary,
+          _xgb(_curve_features)),
     Tuner("ga", "evolutionary search (mutation of measured traces) without a learned model", _evolutionary,
           _random_model),
     Tuner("random", "independent random samples of the design space (replay-trace)", _replay, _random_model),
+    Tuner("gridsearch", "every decision of the design space in grid order, no model", _grid, _random_model),
 ]}
 
 
@@ -117,7 +138,4 @@ def get_tuner(tuner: str | Tuner) -> Tuner:
     name = str(tuner)
     if name in TUNERS:
         return TUNERS[name]
-    if name in PENDING:
-        raise OpBenchError(f"tuner '{name}' ({PENDING[name]}) is not implemented yet "
-                           f"(accepted: {', '.join(TUNERS)})")
     raise OpBenchError(f"unknown tuner '{name}' (accepted: {', '.join(TUNERS)})")

@@ -1,0 +1,82 @@
+"""The profiler interface: where and how operators and whole models are timed.
+
+One implementation per place of measurement:
+
+* :class:`LocalProfiler` (this module): TVM's ``time_evaluator`` on this machine (CPU targets).
+* :class:`~opbench.profile.cuda.CudaProfiler`: CUDA Graphs timed with CUDA events, kernel
+  resources, L2 flush, co-runs on several streams (GPU targets on this machine).
+* :class:`~opbench.profile.rpc.RPCProfiler`: TVM's RPC tracker and servers (builds stay here,
+  kernels and the Relax VM run on a remote device).
+
+The collection job (:mod:`opbench.pipeline.collect`) only talks to this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import OpBenchError
+from .timer import Timing, TimingConfig, time_evaluator
+
+
+class Profiler:
+    """Times operators and whole models; the base class times locally with ``time_evaluator``.
+
+    Attributes
+    ----------
+    name:
+        Short name, used in messages.
+    corun_k, corun_limit:
+        Largest co-run group and how many groups to measure (0: no co-runs).
+    """
+
+    name = "local"
+    corun_k = 0
+    corun_limit = 0
+
+    def place(self, built: Any) -> Any:
+        """The compiled model where it is measured (here: ``built`` itself)."""
+        return built
+
+    def release(self) -> None:
+        """Called when a collection is done with the device."""
+
+    def device(self, target: Any) -> dict[str, Any] | None:
+        """The measuring device's fingerprint when it is not this machine's (see
+        :func:`opbench.profile.env.device_fingerprint`), else None."""
+        return None
+
+    def tags(self) -> dict[str, Any]:
+        """Environment tags at the start of a run (columns of the dataset's environment tags)."""
+        return {}
+
+    def end_tags(self) -> dict[str, Any]:
+        """Environment tags at the end of a run."""
+        return {}
+
+    def resources(self, kernels: Any) -> dict[int, dict[str, Any]]:
+        """Kernel resources by operator index (none known here)."""
+        return {}
+
+    def time(self, kernels: Any, index: int, args: Sequence[Any], outs: Sequence[Any],
+             config: TimingConfig) -> Timing:
+        """Time operator ``index`` called with ``args`` and ``outs``."""
+        built = kernels.built
+        return time_evaluator(built.library, kernels.graph[index].func, built.device, [*args, *outs], config)
+
+    def time_model(self, built: Any, inputs: Sequence[Any], config: TimingConfig) -> Timing:
+        """Time the whole model in the Relax VM."""
+        return time_evaluator(built.vm(), "main", built.device, inputs, config)
+
+    def corun(self, kernels: Any, group: Sequence[int], inputs: Sequence[Any], values: dict[int, list[Any]],
+              config: TimingConfig) -> dict[str, Any]:
+        """Measure a co-run group (only the CUDA profiler can)."""
+        raise OpBenchError(f"co-runs need the CUDA profiler on this machine, not '{self.name}'")
+
+
+class LocalProfiler(Profiler):
+    """TVM's ``time_evaluator`` on this machine (the default on CPU targets)."""
+
+
+__all__ = ["LocalProfiler", "Profiler"]

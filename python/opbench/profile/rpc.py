@@ -1,0 +1,221 @@
+"""Measurement on remote devices through TVM's RPC tracker.
+
+Devices register with a tracker under a key (``python -m tvm.exec.rpc_tracker`` and
+``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` on each device). OpBench compiles
+here and measures there:
+
+* tuning: MetaSchedule's own ``RPCRunner`` measures every candidate, up to ``workers`` sessions at
+  once (one per free device);
+* collection: :class:`RPCProfiler` uploads the compiled model, replays its operators on the remote
+  device, checks them against the remote Relax VM and times each kernel and the whole model with
+  TVM's ``time_evaluator`` there.
+
+Every connection has a time limit: an unreachable tracker, a key no server registered with, or a
+key whose servers are all busy end in a one-line error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..errors import OpBenchError
+from .base import Profiler
+from .timer import Timing, TimingConfig, time_evaluator
+
+T = TypeVar("T")
+
+
+def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
+    """``call()`` in a daemon thread, or a one-line error after ``seconds``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as err:  # handed to the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="opbench-rpc")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise OpBenchError(f"{what}: no answer within {seconds:g} s")
+    if "error" in box:
+        err = box["error"]
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OpBenchError(f"{what}: {first}") from None
+    return box["value"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RPCSpec:
+    """Where remote devices are: a tracker address and the key they registered with.
+
+    Attributes
+    ----------
+    workers:
+        Candidates measured at once while tuning (at most one per registered device).
+    timeout_s:
+        Limit on connecting to the tracker and on waiting for a free device
+        (``$OPBENCH_RPC_TIMEOUT``, default 10 s).
+    session_s:
+        Limit on one session's life (a candidate's measurement while tuning; a whole collection).
+    """
+
+    host: str
+    port: int
+    key: str
+    workers: int = 1
+    timeout_s: float = 10.0
+    session_s: int = 600
+
+    @classmethod
+    def parse(cls, tracker: str, key: str | None, workers: int = 1) -> RPCSpec:
+        """Check ``--rpc-tracker HOST:PORT``, ``--rpc-key`` and ``--rpc-workers``."""
+        text = str(tracker).strip()
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in text):
+            raise OpBenchError(f"bad --rpc-tracker {text!r} (accepted: HOST:PORT, e.g. 127.0.0.1:9190)")
+        if not key or not str(key).strip() or any(c.isspace() or c == ":" for c in str(key)):
+            raise OpBenchError("--rpc-tracker needs --rpc-key KEY, the key the remote devices registered with "
+                               "(no spaces or ':')")
+        if workers < 1:
+            raise OpBenchError(f"--rpc-workers must be a positive integer, got {workers}")
+        raw = os.environ.get("OPBENCH_RPC_TIMEOUT", "10")
+        try:
+            timeout = float(raw)
+            assert timeout > 0
+        except (ValueError, AssertionError):
+            raise OpBenchError(f"bad $OPBENCH_RPC_TIMEOUT {raw!r} (accepted: seconds > 0)") from None
+        return cls(host.strip("[]"), int(port), str(key), workers, timeout)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _tracker(self) -> Any:
+        from tvm import rpc
+
+        if not logging.getLogger("opbench").isEnabledFor(logging.DEBUG):  # TVM's "retry in 5 secs" lines
+            logging.getLogger("RPCServer").setLevel(logging.ERROR)
+        return _within(self.timeout_s, f"RPC tracker {self.address} unreachable",
+                       lambda: rpc.connect_tracker(self.host, self.port))
+
+    def check(self) -> int:
+        """How many devices registered with the key; a one-line error when none did or the tracker
+        does not answer."""
+        tracker = self._tracker()
+        summary = _within(self.timeout_s, f"RPC tracker {self.address} did not answer", tracker.summary)
+        keys = [str(s.get("key", "")).split(":", 1)[-1] for s in summary.get("server_info", [])]
+        found = sum(k == self.key for k in keys)
+        if not found:
+            known = ", ".join(sorted(set(keys))) or "none"
+            raise OpBenchError(f"no device registered with key '{self.key}' at RPC tracker {self.address} "
+                               f"(keys there: {known})")
+        return found
+
+    def session(self) -> Any:
+        """A session on one free device with the key."""
+        tracker = self._tracker()
+        return _within(self.timeout_s, f"no free device with key '{self.key}' at RPC tracker {self.address}",
+                       lambda: tracker.request(self.key, priority=1, session_timeout=self.session_s))
+
+    def runner(self, evaluator_config: Any, timeout_sec: float = 60) -> Any:
+        """MetaSchedule's ``RPCRunner`` for these devices (``timeout_sec`` bounds each candidate's session)."""
+        from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner
+
+        config = RPCConfig(tracker_host=self.host, tracker_port=self.port, tracker_key=self.key,
+                           session_timeout_sec=int(max(timeout_sec, self.timeout_s)))
+        return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=self.workers)
+
+
+class RemoteModule:
+    """A compiled model (:class:`~opbench.runtime.BuiltModule`) loaded on a remote device: the same
+    ``library``, ``kernel``, ``device`` and ``vm`` as a local one, served over RPC."""
+
+    def __init__(self, built: Any, session: Any, device: Any) -> None:
+        from tvm import relax
+
+        self.target, self.compile_seconds, self.scheduled = built.target, built.compile_seconds, built.scheduled
+        self.device = device
+        folder = tempfile.mkdtemp(prefix="opbench-rpc-")
+        lib_path, vm_path = os.path.join(folder, "kernels.so"), os.path.join(folder, "model.so")
+        built.library.export_library(lib_path)
+        built.executable.export_library(vm_path)
+        for path in (lib_path, vm_path):
+            session.upload(path)
+        self.library = session.load_module("kernels.so")
+        self._vm = relax.VirtualMachine(session.load_module("model.so"), device)
+
+    def kernel(self, name: str) -> Any:
+        return self.library.get_function(name)
+
+    def vm(self) -> Any:
+        return self._vm
+
+    def device_source(self) -> str:
+        return ""
+
+
+class RPCProfiler(Profiler):
+    """Times on a remote device of :class:`RPCSpec` (see the module docstring).
+
+    A session holds one device for as long as it lives: it is opened for each collection and
+    released after it (:meth:`release`), so that tuning in between finds the device free.
+    """
+
+    name = "rpc"
+
+    def __init__(self, spec: RPCSpec, target: Any) -> None:
+        spec.check()
+        self.spec = spec
+        self.kind = target.kind.name
+        self.session: Any = None
+        remote = self._device()
+        if not remote.exist:
+            raise OpBenchError(f"the device with key '{spec.key}' has no {self.kind} device")
+        self.device_name = f"{remote.device_name or self.kind} (rpc key {spec.key})"
+        # what tuning reads from the device (MetaSchedule's GPU rules), kept for when no session is open
+        self.remote = types.SimpleNamespace(
+            **{a: getattr(remote, a) for a in ("max_threads_per_block", "max_shared_memory_per_block",
+                                               "warp_size")}) if self.kind == "cuda" else None
+
+    def _device(self) -> Any:
+        if self.session is None:
+            self.session = self.spec.session()
+        return self.session.cuda(0) if self.kind == "cuda" else self.session.cpu(0)
+
+    def release(self) -> None:
+        """Close the session (the device is free for others, e.g. the tuner's runner)."""
+        self.session = None
+        gc.collect()
+
+    def place(self, built: Any) -> Any:
+        device = self._device()
+        return RemoteModule(built, self.session, device)
+
+    def device(self, target: Any) -> dict[str, Any]:
+        from ..runtime.target import canonical_target
+
+        return {"target": canonical_target(target), "device_name": self.device_name, "rpc_key": self.spec.key}
+
+    def tags(self) -> dict[str, Any]:
+        return {"device_name": self.device_name, "hostname": f"rpc:{self.spec.key}@{self.spec.address}"}
+
+    def time_model(self, built: Any, inputs: Sequence[Any], config: TimingConfig) -> Timing:
+        """The Relax VM over RPC: inputs set once, then ``invoke_stateful`` is timed (a remote
+        call cannot bring back a tuple of outputs)."""
+        vm = built.vm()
+        vm.set_input("main", *inputs)
+        return time_evaluator(vm, "invoke_stateful", built.device, ["main"], config)
+
+
+__all__ = ["RPCProfiler", "RPCSpec", "RemoteModule"]

@@ -1,0 +1,121 @@
+"""Measurement over TVM RPC on loopback: a tracker and a server on this machine stand in for a farm of
+devices. Collection and tuning measure there; a wrong address or key fails fast, in one line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import time
+from contextlib import closing
+
+import pytest
+
+from helpers import FAST, run
+from opbench import OpBenchError
+
+pytest.importorskip("tornado")  # TVM's RPC tracker needs it
+
+MODEL = ["--modelsource", "simple", "--modelname", "matmul:n=32"]
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    from tvm.s_tir.meta_schedule.testing.local_rpc import LocalRPC
+
+    with LocalRPC(tracker_key="loopback", silent=True) as rpc:
+        yield f"127.0.0.1:{rpc.tracker_port}"
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_spec_parsing():
+    from opbench.profile.rpc import RPCSpec
+
+    spec = RPCSpec.parse(" tracker.lan:9190 ", "h100", 4)
+    assert (spec.host, spec.port, spec.key, spec.workers) == ("tracker.lan", 9190, "h100", 4)
+    assert RPCSpec.parse("[::1]:9190", "k").host == "::1"
+    for bad in ("9190", "host:", ":9190", "host:port", "host:0", "a b:9190"):
+        with pytest.raises(OpBenchError, match="bad --rpc-tracker"):
+            RPCSpec.parse(bad, "k")
+    with pytest.raises(OpBenchError, match="needs --rpc-key"):
+        RPCSpec.parse("h:1", "with space")
+
+
+def test_unreachable_tracker_is_one_line_within_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPBENCH_RPC_TIMEOUT", "2")
+    start = time.perf_counter()
+    proc = run(*MODEL, "--dataset", str(tmp_path / "d.sqlite"), "--rpc-tracker", f"127.0.0.1:{_free_port()}",
+               "--rpc-key", "k", *FAST)
+    assert time.perf_counter() - start < 30
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "unreachable: no answer within 2 s" in proc.stderr
+    assert not (tmp_path / "d.sqlite").exists()  # refused before any work
+
+
+def test_unknown_key_names_the_keys_there(tracker, tmp_path):
+    proc = run(*MODEL, "--dataset", str(tmp_path / "d.sqlite"), "--rpc-tracker", tracker, "--rpc-key", "a100",
+               *FAST)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"no device registered with key 'a100' at RPC tracker {tracker} (keys there: loopback)" in proc.stderr
+
+
+def test_collect_over_rpc_writes_rows_of_the_remote_device(tracker, tmp_path):
+    path = tmp_path / "d.sqlite"
+    remote = run(*MODEL, "--dataset", str(path), "--rpc-tracker", tracker, "--rpc-key", "loopback", *FAST,
+                 "--json", str(tmp_path / "r.json"))
+    assert remote.returncode == 0, remote.stderr
+    local = run(*MODEL, "--dataset", str(path), *FAST, "--json", str(tmp_path / "l.json"))
+    assert local.returncode == 0, local.stderr
+    r, lo = (json.loads((tmp_path / f).read_text()) for f in ("r.json", "l.json"))
+    assert r["measured"] == lo["measured"] == 1 and r["replay_rel_error"] == 0.0
+    assert r["vm_latency_ms"] > 0 and r["sum_op_latency_ms"] > 0
+    assert r["device_id"] != lo["device_id"] and r["workload_id"] == lo["workload_id"]  # never mixed up
+    with closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT device_name, hostname, latency_median_s FROM operators "
+                            "ORDER BY id").fetchall()
+    assert len(rows) == 2 and rows[0][0].endswith("(rpc key loopback)") and rows[0][1] == f"rpc:loopback@{tracker}"
+    assert rows[0][2] > 0 and "rpc key" not in rows[1][0]
+
+
+def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
+    from opbench.dataset import Dataset
+    from opbench.models import load_workload
+    from opbench.pipeline import collect
+    from opbench.pipeline.tune import tune_workload
+    from opbench.profile.rpc import RPCProfiler, RPCSpec
+    from opbench.runtime import resolve_target
+    from opbench.tune.database import applied_database
+
+    pytest.importorskip("xgboost")
+    target = resolve_target("llvm")
+    workload = load_workload("simple", "matmul:n=32", 1)
+    profiler = RPCProfiler(RPCSpec.parse(tracker, "loopback"), target)
+    with Dataset(tmp_path / "d.sqlite") as ds:
+        profiler.release()  # the one loopback device must be free for the runner
+        tuned = tune_workload(workload, target, ds, tmp_path / "db", "random", 2, profiler=profiler)
+        rows = ds.rows("trials")
+        applied = applied_database(tmp_path / "db", tuned.extracted, target)
+        from opbench.pipeline import CollectOptions
+
+        result = collect(workload, target, ds, CollectOptions(config=applied.config, database=applied.database,
+                                                             progress=False), profiler=profiler)
+    assert [r["build_status"] for r in rows] == ["ok", "ok"]
+    assert all(len(json.loads(r["run_secs"])) >= 3 and r["device_name"].endswith("(rpc key loopback)")
+               for r in rows)
+    assert result.measured == 1 and result.rows[0]["config"].startswith("db:")
+    assert result.model_row["replay_rel_error"] == 0.0
+
+
+def test_rpc_timeout_setting_is_checked(monkeypatch):
+    from opbench.profile.rpc import RPCSpec
+
+    monkeypatch.setenv("OPBENCH_RPC_TIMEOUT", "soon")
+    with pytest.raises(OpBenchError, match="bad \\$OPBENCH_RPC_TIMEOUT 'soon'"):
+        RPCSpec.parse("h:1", "k")
+    monkeypatch.setenv("OPBENCH_RPC_TIMEOUT", "2.5")
+    assert RPCSpec.parse("h:1", "k").timeout_s == 2.5
