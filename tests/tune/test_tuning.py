@@ -139,6 +139,8 @@ def test_collect_iftune_cli(tmp_path):
     assert tuning["tuner"] == "random" and tuning["trials_per_task"] == 3 and tuning["trials"] == 3
     (task,) = tuning["tasks"]
     assert task["task"] == "matmul" and task["default_s"] > 0 and task["tuned_s"] > 0 and task["trials"] == 3
+    # one task: kept exactly when its tuned kernel measured faster; a dropped one shows its own (slower) time
+    assert task["kept"] == (task["speedup"] > 1)
     assert tuning["model_default_s"] > 0 and tuning["model_tuned_s"] > 0 and tuning["trials_per_s"] > 0
     assert "Relax VM: default kernels" in proc.stdout and "matmul" in proc.stdout
     assert (tmp_path / "d.tuning" / "database_tuning_record.json").is_file()

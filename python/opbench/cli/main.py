@@ -511,10 +511,12 @@ def _collect_tuned(args: argparse.Namespace, workload: Any, target: Any, dataset
     applied = applied_database(database_dir, run.extracted, target)
     tuned = default
     dropped: set[str] = set()
+    rejected: dict[str, float] = {}  # a dropped task's tuned time, as measured (the table shows it)
     if applied is not None:
         tuned = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
         after = _task_latency(tuned.rows)
         dropped = {t for t in applied.tasks if t in after and t in before and after[t] >= before[t]}
+        rejected = {t: after[t] for t in dropped}
         if dropped:
             log.info("%d tuned kernels are not faster than the default ones; measuring without them: %s",
                      len(dropped), ", ".join(sorted(dropped)))
@@ -523,7 +525,7 @@ def _collect_tuned(args: argparse.Namespace, workload: Any, target: Any, dataset
                 tuned = collect(workload, target, dataset, options(applied), command=command, profiler=profiler)
             else:
                 tuned = default
-    after = _task_latency(tuned.rows)
+    after = {**_task_latency(tuned.rows), **rejected}
     tasks = []
     for t in run.tasks:
         d, a = before.get(t.task), after.get(t.task)
