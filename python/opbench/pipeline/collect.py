@@ -109,14 +109,12 @@ def measurement_key(workload: Workload, target: Any, config: str = "default", l2
     ``device`` is the measuring device's fingerprint when it is not this machine (a remote device
     over RPC, see :meth:`opbench.profile.Profiler.device`).
     """
-    from ..profile.env import device_fingerprint
-    from ..utils import digest
+    from ..profile.env import device_id, device_name
 
-    device = device or device_fingerprint(target)
-    return model_key(workload.workload_id, digest(device), config, l2_flush,
+    return model_key(workload.workload_id, device_id(target, device), config, l2_flush,
                      source=workload.source, model=workload.name, batch_size=workload.batch_size,
                      workload=workload.fingerprint(), target=canonical_target(target),
-                     device_name=device["device_name"])
+                     device_name=device["device_name"] if device else device_name(target))
 
 
 def _phase(message: str, *args: Any) -> None:

@@ -45,9 +45,10 @@ def device_fingerprint(target: Any) -> dict[str, Any]:
     return {"target": canonical_target(target), "device_name": device_name(target)}
 
 
-def device_id(target: Any) -> str:
-    """Digest of :func:`device_fingerprint` (the dataset's device key)."""
-    return digest(device_fingerprint(target))
+def device_id(target: Any, fingerprint: dict[str, Any] | None = None) -> str:
+    """Digest of the device fingerprint (the dataset's device key): ``fingerprint`` when the
+    measuring device is not this machine's, else :func:`device_fingerprint` of ``target``."""
+    return digest(fingerprint or device_fingerprint(target))
 
 
 @functools.cache

@@ -46,10 +46,6 @@ class Tuner:
     strategy: Callable[[int], Any]  # trials per task -> a fresh search strategy
     cost_model: Callable[[], Any]
 
-    def parts(self, trials: int = 64) -> tuple[Any, Any]:
-        """Fresh (search strategy, cost model) objects for one task with ``trials`` candidates."""
-        return self.strategy(trials), self.cost_model()
-
 
 def population_for(trials: int) -> int:
     """The evolutionary search's population for a task budget of ``trials`` (module docstring)."""
