@@ -4,9 +4,9 @@ For each model, in ONE process and on the same inputs: PyTorch eager, PyTorch se
 Graph, torch.compile(mode="reduce-overhead"), TVM Relax VM (dlight default kernels, or tuned ones
 from ``--database DIR``), and ours with
 every scheduler on each backend (tvm kernels; torch ATen kernels; torch with batch norm folded).
-TF32 is off (fp32 throughout). Every GPU time is the median of ``--repeat`` samples, each CUDA
-events around ``--number`` back-to-back runs. Results go to ``$OUT/bench_parallel.json`` after
-every model (with environment tags) and a table is printed.
+TF32 is off (fp32 throughout) unless ``--precision default``. Every GPU time is the median of
+``--repeat`` samples, each CUDA events around ``--number`` back-to-back runs. Results go to
+``OUT/bench_parallel.json`` after every model (with environment tags) and a table is printed.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_parallel.py --models googlenet:1,inception_v3:1
 """
@@ -48,21 +48,14 @@ def torch_baselines(module, x, res: dict, repeat: int, number: int, compile: boo
     eager output."""
     import torch
 
+    from opbench.parallel import CapturedModel
+
     with torch.no_grad():
         ref = module(x).clone()
         res["pytorch_eager_ms"] = cuda_time(lambda: module(x), repeat, number) * 1e3
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                module(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = module(x)
-        graph.replay()
-        res["pytorch_cuda_graph_ms"] = cuda_time(graph.replay, repeat, number) * 1e3
-        res["pytorch_cuda_graph_err"] = rel_err(static_out, ref)
+        own = CapturedModel(module, [x])
+        res["pytorch_cuda_graph_ms"] = cuda_time(own.run_once, repeat, number) * 1e3
+        res["pytorch_cuda_graph_err"] = rel_err(own.run_once(), ref)
         if compile:
             t = time.perf_counter()
             compiled = torch.compile(module, mode="reduce-overhead")
@@ -79,7 +72,7 @@ def bench_model(name: str, batch: int, args) -> dict:
 
     from opbench.ir import extract_operators
     from opbench.models import load_workload
-    from opbench.parallel import TorchBackend, TVMBackend, evaluate_with_bound, table_rows
+    from opbench.parallel import CapturedModel, TorchBackend, TVMBackend, evaluate_with_bound, table_rows
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
     from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
@@ -121,7 +114,10 @@ def bench_model(name: str, batch: int, args) -> dict:
     for label, backend in backends.items():
         t = time.perf_counter()
         # bound: the longest chain of these kernels, timed alone; no schedule can be faster
-        kept, rows, bound = evaluate_with_bound(backend, schedulers, host_ref, args.repeat, args.number)
+        # torch backends: the model's own CUDA Graph is a row of the table too ("model, CUDA Graph")
+        baseline = CapturedModel(module, [x]) if label != "tvm" else None
+        kept, rows, bound = evaluate_with_bound(backend, schedulers, host_ref, args.repeat, args.number,
+                                                baseline=baseline)
         res[f"ours_{label}"] = {"ops": len(backend.graph), "kept": kept.name,
                                 "rows": table_rows(rows), "critical_path": bound,
                                 "seconds": time.perf_counter() - t}
@@ -152,7 +148,8 @@ def _kept(result: dict, label: str) -> tuple[float, float, float, str]:
     ours = result[f"ours_{label}"]
     kept = next(x for x in ours["rows"] if x["kept"])
     chain = ours.get("critical_path", {}).get("chain_ms", nan)
-    return ours["rows"][0]["latency_ms"], kept["latency_ms"], chain, kept["schedule"]
+    sequential = next(x for x in ours["rows"] if x["schedule"] == "sequential")
+    return sequential["latency_ms"], kept["latency_ms"], chain, kept["schedule"]
 
 
 def table(results: list) -> str:
@@ -181,6 +178,7 @@ def table(results: list) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=DEFAULT)
+    parser.add_argument("--out", default=None, help="output folder (default: $OUT, else out)")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--no-compile", action="store_true")
@@ -188,18 +186,21 @@ def main() -> int:
                         help="MetaSchedule tuning database: TVM kernels tuned where it has records")
     parser.add_argument("--ios-limit", type=float, default=20.0)
     parser.add_argument("--name", default="bench_parallel.json")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "default"),
+                        help="fp32: no TF32 anywhere; default: PyTorch's defaults (TF32 in cuDNN convolutions)")
     parser.add_argument("--backends", default="tvm,torch,torch+foldbn",
                         help="comma-separated kernel backends: tvm, torch, torch+foldbn")
     args = parser.parse_args()
     unknown = set(args.backends.split(",")) - {"tvm", "torch", "torch+foldbn"}
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(sorted(unknown))} (accepted: tvm, torch, torch+foldbn)")
-    out = Path(os.environ.get("OUT", "out"))
+    out = Path(args.out or os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    # fp32 means fp32: no TF32 in cuDNN convolutions or matmuls, for every variant alike
-    torch.backends.cudnn.allow_tf32 = False
+    # fp32 means fp32: no TF32 in cuDNN convolutions or matmuls, for every variant alike; default
+    # keeps PyTorch's own settings (TF32 in cuDNN convolutions, full-precision matmuls)
+    torch.backends.cudnn.allow_tf32 = args.precision == "default"
     torch.backends.cuda.matmul.allow_tf32 = False
     doc = {"environment": environment(), "settings": vars(args), "results": []}
     for item in args.models.split(","):

@@ -1,30 +1,54 @@
 """Inter-operator parallelism, end to end: schedule, capture, measure, keep the fastest.
 
-``optimize`` measures every scheduler's schedule side by side with the sequential one and returns
-the fastest; a parallel schedule that is not faster than sequential beyond ``tolerance`` is not
-kept (users of IOS and Opara report parallel schedules that lose on newer GPUs). ``capturer`` does
-this for any torch model and returns a callable that replays the chosen CUDA Graph.
+``evaluate`` measures schedulers' schedules side by side with the sequential one (and, for a torch
+model, with the model itself captured as it is in one CUDA Graph) and keeps the fastest; a parallel
+schedule that is not faster than sequential beyond ``tolerance`` is not kept (users of IOS and Opara
+report parallel schedules that lose on newer GPUs), and no schedule is kept that does not beat the
+model's own CUDA Graph beyond ``tolerance``. ``capturer`` does this for any torch model and returns a
+callable: the captured schedule, or the captured model when nothing beats it.
+
+Two modes: ``"fast"`` (the default of ``capturer`` and ``optimize``) times every operator in one
+captured run, predicts each cheap scheduler's schedule with the scheduling cost's simulation and
+measures only the best predicted ones beside sequential and the baseline; ``"exhaustive"`` (or an
+explicit ``schedulers=[...]``) measures every listed scheduler, IOS included.
+
+A schedule carries the fingerprint of the graph it was made for and the device's name
+(``meta["graph"]``, ``meta["device"]``); given back as ``schedule=`` it skips the search, and a
+schedule of another graph is refused.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .errors import OpBenchError
+from .profile.schedule import alone_times, median, operator_times, time_ops
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
-from .runtime.executor import ParallelExecutor, median, time_ops
+from .runtime.executor import ParallelExecutor
+from .runtime.graphs import capture_graph
 from .runtime.kernels import relative_error
-from .schedule import CostModel, Schedule, get_scheduler
+from .schedule import Schedule, SchedulingCost, get_scheduler
 
-__all__ = ["TVMBackend", "TorchBackend", "capturer", "critical_path", "evaluate", "evaluate_with_bound",
-           "operator_latencies", "optimize", "table_rows", "tvm_backend"]
+__all__ = ["CapturedModel", "CapturedSchedule", "TVMBackend", "TorchBackend", "capturer", "critical_path",
+           "evaluate", "evaluate_with_bound", "operator_latencies", "optimize", "table_rows", "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
+#: the schedulers of the fast mode: each schedules a 300-operator graph in milliseconds
+FAST_SCHEDULERS = ("sequential", "greedy", "nimble", "opara")
+MODES = ("fast", "exhaustive")
+#: the name of the baseline row: the user's module captured as it is
+MODEL_ROW = "model, CUDA Graph"
+MODEL_ROW_EAGER = "model, eager"
+
+#: ``timer(label, run)`` -> seconds per call of ``run``, samples (``label`` names the row)
+Timer = Callable[[str, Callable[[], Any]], list[float]]
 
 
 def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
@@ -39,60 +63,268 @@ def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
+def _leaves(value: Any) -> list[Any]:
+    return [v for item in value for v in _leaves(item)] if isinstance(value, list | tuple) else [value]
+
+
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The comparison rows without their ``Schedule`` objects (JSON-serialisable)."""
     return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
 
 
-def evaluate(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS, cost: CostModel | None = None,
-             reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
-             tolerance: float = 0.02) -> tuple[Schedule, list[dict[str, Any]]]:
-    """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
+def device_name(backend: KernelBackend) -> str:
+    """The device a backend runs on, as schedules record it."""
+    if backend.is_cuda:
+        import torch
 
-    The first scheduler must be ``sequential`` (the baseline and the fallback). Without ``cost``,
-    the schedulers' cost model uses every operator's measured time (:func:`operator_latencies`) and
-    the backend's kernel resources. ``error`` is the
-    output's relative error against ``reference`` (default: the sequential outputs); a schedule is
-    only kept if its output equals the sequential run of the same kernels (``sched_error`` within
-    1e-5): scheduling must not change results, while different kernels (TVM vs cuDNN, TF32) may.
+        return torch.cuda.get_device_name(0)
+    return "cpu"
+
+
+def default_timer(is_cuda: bool, repeat: int, number: int) -> Timer:
+    """CUDA events around ``number`` back-to-back calls on the GPU, the host clock on the CPU."""
+    from .profile.timer import cuda_event_samples, wall_samples
+
+    if is_cuda:
+        return lambda label, run: cuda_event_samples(run, repeat, number)
+    return lambda label, run: wall_samples(run, repeat, max(1, number // 10), warmup=1)
+
+
+class CapturedModel:
+    """The user's module run as it is: captured in one CUDA Graph, or eager where capture fails.
+
+    ``captured(*inputs)`` copies ``inputs`` into static inputs, replays, and returns the static
+    outputs (overwritten by the next call), like :class:`CapturedSchedule`. On the CPU it calls
+    the module.
     """
-    if cost is None:
-        cost = CostModel(backend.graph, operator_latencies(backend, repeat, number), resources=backend.resources)
-    rows: list[dict[str, Any]] = []
-    sequential_out: list[np.ndarray] | None = None
-    for item in schedulers:
+
+    def __init__(self, model: Any, inputs: Sequence[Any]) -> None:
+        import torch
+
+        self.model = model
+        self.static_inputs = [x.detach().clone() for x in inputs]
+        self.graph: Any = None
+        self.reason = ""
+        self.outputs: Any = None
+        self.is_cuda = bool(self.static_inputs) and self.static_inputs[0].device.type == "cuda"
+        if self.is_cuda:
+            def launch(stream: Any) -> Any:
+                with torch.no_grad():
+                    return model(*self.static_inputs)
+
+            try:
+                captured = capture_graph(launch, warmup=3)
+                self.graph, self.outputs = captured, captured.result
+            except Exception as err:  # data-dependent code, host syncs: run it eagerly
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                self.reason = f"cannot be captured in a CUDA Graph ({first})"
+                log.info("the model %s; its baseline runs eagerly", self.reason)
+
+    @property
+    def label(self) -> str:
+        return MODEL_ROW if self.graph is not None else MODEL_ROW_EAGER
+
+    def run_once(self) -> Any:
+        """One run on the static inputs (a replay, or an eager call)."""
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        import torch
+
+        with torch.no_grad():
+            return self.model(*self.static_inputs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.graph is None:
+            import torch
+
+            with torch.no_grad():
+                return self.model(*inputs)
+        for dst, src in zip(self.static_inputs, inputs, strict=True):
+            dst.copy_(src)
+        return self.run_once()
+
+
+def _row(name: str, latency_ms: float, error: float, sched_error: float | None, scheduling_ms: float,
+         predicted_ms: float | None, plan: Schedule | None, streams: int, events: int) -> dict[str, Any]:
+    return {"schedule": name, "streams": streams, "events": events, "latency_ms": latency_ms, "error": error,
+            "sched_error": sched_error, "scheduling_ms": scheduling_ms, "predicted_ms": predicted_ms,
+            "measured": True, "plan": plan}
+
+
+def _scheduled(backend: KernelBackend, items: Sequence[Any], cost: SchedulingCost,
+               given: Schedule | None) -> list[tuple[Schedule, float]]:
+    """(schedule, scheduling seconds) of each scheduler, sequential first; or sequential and ``given``."""
+    if given is not None:
+        return [(get_scheduler("sequential").schedule(backend.graph, cost), 0.0), (given, 0.0)]
+    out = []
+    for item in items:
         scheduler = get_scheduler(item)
         start = time.perf_counter()
-        schedule = scheduler.schedule(backend.graph, cost)
-        scheduling_s = time.perf_counter() - start
-        executor = ParallelExecutor(backend, schedule)
-        outputs = _host(executor.run())
-        if sequential_out is None:
-            sequential_out = outputs
-        if reference is None:
-            reference = outputs
-        samples = executor.time(repeat, number)
-        rows.append({"schedule": scheduler.name, "streams": schedule.num_streams, "events": schedule.num_events,
-                     "latency_ms": median(samples) * 1e3, "error": relative_error(outputs, reference),
-                     "sched_error": relative_error(outputs, sequential_out),
-                     "scheduling_ms": scheduling_s * 1e3, "plan": schedule})
-        del executor
-    base = rows[0]["latency_ms"]
-    for row in rows:
-        row["speedup"] = base / row["latency_ms"] if row["latency_ms"] else None
-    valid = [r for r in rows if r["sched_error"] <= 1e-5]
-    best = min(valid, key=lambda r: r["latency_ms"]) if valid else rows[0]
-    if best is not rows[0] and best["latency_ms"] > base * (1 - tolerance):
+        out.append((scheduler.schedule(backend.graph, cost), time.perf_counter() - start))
+    if out[0][0].name != "sequential":
+        raise OpBenchError(f"the first scheduler must be 'sequential' (got '{out[0][0].name}')")
+    return out
+
+
+def _worth_measuring(scheduled: list[tuple[Schedule, float]], predicted: list[float], top: int) -> set[int]:
+    """Indices to measure in the fast mode: sequential and the ``top`` best predicted parallel schedules
+    (distinct plans only)."""
+    keep, seen = {0}, {_plan_key(scheduled[0][0])}
+    for i in sorted(range(1, len(scheduled)), key=lambda i: predicted[i]):
+        key = _plan_key(scheduled[i][0])
+        if key in seen:
+            continue
+        seen.add(key)
+        keep.add(i)
+        if len(keep) > top:
+            break
+    return keep
+
+
+def _plan_key(schedule: Schedule) -> tuple[Any, ...]:
+    return (tuple(schedule.stream_of), tuple(schedule.order), tuple(schedule.events))
+
+
+def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
+             reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
+             tolerance: float = 0.02, mode: str = "exhaustive", baseline: CapturedModel | None = None,
+             schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
+             phases: dict[str, float] | None = None) -> tuple[Schedule, list[dict[str, Any]]]:
+    """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
+
+    Parameters
+    ----------
+    schedulers:
+        Names or :class:`~opbench.schedule.Scheduler` objects, ``sequential`` first (the fallback).
+        Default: every scheduler (``"exhaustive"``) or the fast ones (``"fast"``).
+    cost:
+        The schedulers' cost; default: every operator's measured time (:func:`operator_times`, one
+        captured run), the backend's kernel resources and the device's figures.
+    reference:
+        Outputs to report ``error`` against (default: the sequential outputs). A schedule is only
+        kept if its output equals the sequential run of the same kernels (``sched_error`` within
+        1e-5): scheduling must not change results, while different kernels (TVM vs cuDNN) may.
+    mode:
+        ``"exhaustive"`` measures every schedule; ``"fast"`` measures sequential and the
+        ``measure_top`` best by predicted latency (unless ``schedulers`` were named).
+    baseline:
+        The model captured as it is: measured as its own row, and kept (``row["kept"]``) unless a
+        schedule beats it by more than ``tolerance``.
+    schedule:
+        A schedule made earlier for this graph: no search, it is measured beside sequential.
+    timer:
+        ``timer(label, run)`` returns seconds per call of ``run`` (default: CUDA events on the GPU).
+    phases:
+        Filled with the seconds spent timing operators, scheduling and measuring, when given.
+
+    Returns
+    -------
+    The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
+    variant; ``kept`` marks the overall winner, which is the baseline row when nothing beats it.
+    """
+    if mode not in MODES:
+        raise OpBenchError(f"unknown mode '{mode}' (accepted: {', '.join(MODES)})")
+    named = schedulers is not None
+    items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
+    timer = timer or default_timer(backend.is_cuda, repeat, number)
+    phases = phases if phases is not None else {}
+    clock = time.perf_counter()
+    if cost is None:
+        cost = scheduling_cost(backend, operator_times(backend, repeat))
+    phases["operator_times_s"] = time.perf_counter() - clock
+    fingerprint, device = backend.graph.fingerprint(), device_name(backend)
+    if schedule is not None:
+        check_schedule(schedule, fingerprint, device)
+    clock = time.perf_counter()
+    scheduled = _scheduled(backend, items, cost, schedule)
+    predicted = [cost.predict(plan) for plan, _ in scheduled]
+    phases["scheduling_s"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    measure = (set(range(len(scheduled))) if mode == "exhaustive" or named or schedule is not None
+               else _worth_measuring(scheduled, predicted, measure_top))
+    rows: list[dict[str, Any]] = []
+    if baseline is not None:
+        outputs = _host(_leaves(baseline.run_once()))
+        reference = reference if reference is not None else outputs
+        rows.append(_row(baseline.label, median(timer(baseline.label, baseline.run_once)) * 1e3,
+                         relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
+    sequential_out: list[np.ndarray] | None = None
+    for i, (plan, seconds) in enumerate(scheduled):
+        plan.meta.update({"graph": fingerprint, "device": device})
+        row = _row(plan.name, float("nan"), float("nan"), None, seconds * 1e3, predicted[i] * 1e3, plan,
+                   plan.num_streams, plan.num_events)
+        if i in measure:
+            executor = ParallelExecutor(backend, plan)
+            outputs = _host(executor.run())
+            sequential_out = sequential_out or outputs
+            reference = reference if reference is not None else outputs
+            run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
+            row.update(latency_ms=median(timer(plan.name, run)) * 1e3, error=relative_error(outputs, reference),
+                       sched_error=relative_error(outputs, sequential_out))
+            del executor
+        else:
+            row["measured"] = False
+        rows.append(row)
+    phases["measuring_s"] = time.perf_counter() - clock
+    _decide(rows, tolerance)
+    kept = next((r for r in rows if r["kept"] and r["plan"] is not None), None)
+    if kept is None:  # the baseline won: the best schedule still goes back (for --save-schedule)
+        kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
+                   key=lambda r: r["latency_ms"])
+    return kept["plan"], rows
+
+
+def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
+    """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the baseline)."""
+    base = rows[0] if rows[0]["plan"] is None else None
+    schedules = [r for r in rows if r["plan"] is not None]
+    sequential = schedules[0]
+    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5]
+    best = min(valid, key=lambda r: r["latency_ms"]) if valid else sequential
+    if best is not sequential and best["latency_ms"] > sequential["latency_ms"] * (1 - tolerance):
         log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
-        best = rows[0]
+        best = sequential
+    if base is not None and not best["latency_ms"] < base["latency_ms"] * (1 - tolerance):
+        log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, model %.4f ms): keeping the "
+                 "model as it is", base["schedule"], tolerance * 100, best["schedule"], best["latency_ms"],
+                 base["latency_ms"])
+        best = base
     for row in rows:
         row["kept"] = row is best
-    return best["plan"], rows
+        lat = row["latency_ms"]
+        row["speedup"] = sequential["latency_ms"] / lat if row["measured"] and lat else None
+        if base is not None:
+            row["vs_model"] = base["latency_ms"] / lat if row["measured"] and lat else None
+
+
+def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -> SchedulingCost:
+    """The schedulers' cost for ``backend``: ``latencies``, its kernel resources, its device's figures."""
+    device = None
+    if backend.is_cuda:
+        from .profile.cuda import device_figures
+
+        device = device_figures()
+    return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device)
+
+
+def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
+    """Refuse a schedule made for another graph; warn when it was made on another device."""
+    made_for = schedule.meta.get("graph")
+    if made_for is None:
+        raise OpBenchError(f"schedule '{schedule.name}' carries no graph fingerprint (save it with this version "
+                           "of opbench to reuse it)")
+    if made_for != fingerprint:
+        raise OpBenchError(f"schedule '{schedule.name}' was made for another graph (fingerprint {made_for[:12]}, "
+                           f"this model's is {fingerprint[:12]})")
+    if schedule.meta.get("device") not in (None, device):
+        log.warning("schedule '%s' was made on %s, running on %s: it may not be the fastest here",
+                    schedule.name, schedule.meta["device"], device)
 
 
 def operator_latencies(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
     """Seconds per operator, each run alone (median; its own CUDA Graph on the GPU)."""
-    return [median(time_ops(backend, [op], repeat, number)) for op in range(len(backend.graph))]
+    return alone_times(backend, repeat, number)
 
 
 def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
@@ -130,42 +362,95 @@ def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
             "alone_ms": [t * 1e3 for t in alone]}
 
 
-def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
+def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] | None = DEFAULT_SCHEDULERS,
                         reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
-                        tolerance: float = 0.02) -> tuple[Schedule, list[dict[str, Any]], dict[str, Any]]:
-    """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' times.
+                        tolerance: float = 0.02, latencies: Sequence[float] | None = None,
+                        **options: Any) -> tuple[Schedule, list[dict[str, Any]], dict[str, Any]]:
+    """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' alone-times
+    (``latencies``, seconds by operator index, when they were measured already).
 
     Returns the kept schedule, the table, and the critical path that bounds every row.
     """
-    latencies = operator_latencies(backend, repeat, number)
-    cost = CostModel(backend.graph, latencies, resources=backend.resources)
-    kept, rows = evaluate(backend, schedulers, cost, reference, repeat, number, tolerance)
+    if latencies is None:
+        latencies = operator_latencies(backend, repeat, number)
+    cost = scheduling_cost(backend, latencies)
+    kept, rows = evaluate(backend, schedulers, cost, reference, repeat, number, tolerance, **options)
     return kept, rows, critical_path(backend, repeat, number, latencies)
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
-    """The comparison table: schedule, streams, events, latency, speedup, error."""
-    head = f"{'schedule':<12}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}{'sched ms':>10}"
+    """The comparison table: schedule, streams, events, latency, speedup, error, scheduling and
+    predicted time (``-`` where a row was not measured or does not apply)."""
+    head = (f"{'schedule':<18}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}"
+            f"{'sched ms':>10}{'pred ms':>10}")
     lines = [head, "-" * len(head)]
+
+    def num(value: Any, fmt: str, width: int) -> str:
+        return f"{value:>{width}{fmt}}" if isinstance(value, int | float) and value == value else f"{'-':>{width}}"
+
     for r in rows:
         mark = " *" if r.get("kept") else ""
-        lines.append(f"{r['schedule']:<12}{r['streams']:>8}{r['events']:>8}{r['latency_ms']:>11.4f}"
-                     f"{r['speedup']:>9.2f}{r['error']:>10.1e}{r['scheduling_ms']:>10.1f}{mark}")
+        lines.append(f"{r['schedule']:<18}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
+                     f"{num(r.get('speedup'), '.2f', 9)}{num(r['error'], '.1e', 10)}"
+                     f"{num(r['scheduling_ms'], '.1f', 10)}{num(r.get('predicted_ms'), '.4f', 10)}{mark}")
     return "\n".join(lines)
 
 
-def optimize(model: Any, inputs: Sequence[Any], schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
-             **options: Any) -> Schedule:
-    """The fastest measured schedule of a torch model (ATen kernels); ``schedule.meta['table']`` has
-    every scheduler's row."""
-    backend = TorchBackend(model, inputs)
-    schedule, rows = evaluate(backend, schedulers, **options)
-    schedule.meta["table"] = table_rows(rows)
-    return schedule
+def _load_schedule(schedule: Schedule | str | Path | None) -> Schedule | None:
+    if schedule is None or isinstance(schedule, Schedule):
+        return schedule
+    return Schedule.load(schedule)
 
 
-class Runner:
-    """A model captured with its chosen schedule: ``runner(*inputs)`` replays it.
+def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
+    if callable(inputs) and not callable(model):
+        raise OpBenchError(f"{caller} takes (inputs, model): the first argument is a {type(inputs).__name__}, "
+                           f"the second a {type(model).__name__}")
+    if hasattr(inputs, "shape"):  # one tensor
+        return [inputs]
+    return list(inputs)
+
+
+def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
+            schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
+            timer: Timer | None, phases: dict[str, float]) -> tuple[TorchBackend, CapturedModel, Schedule,
+                                                                    list[dict[str, Any]], bool]:
+    inputs = _check_order(inputs, model, caller)
+    given = _load_schedule(schedule)
+    clock = time.perf_counter()
+    backend = TorchBackend(model, inputs, trace="auto")  # torch.fx where it can trace, else torch.export
+    phases["trace_s"] = time.perf_counter() - clock
+    import torch
+
+    clock = time.perf_counter()
+    baseline = CapturedModel(model, inputs)
+    with torch.no_grad():
+        reference = model(*inputs)
+    phases["model_graph_s"] = time.perf_counter() - clock
+    single = not isinstance(reference, list | tuple)
+    plan, rows = evaluate(backend, schedulers, None, _host(_leaves(reference)), repeat, number, tolerance,
+                          mode=mode, baseline=baseline, schedule=given, timer=timer, phases=phases)
+    return backend, baseline, plan, rows, single
+
+
+def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
+             schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
+             number: int = 10, timer: Timer | None = None) -> Schedule:
+    """The fastest measured schedule of a torch model's ATen kernels (the same search as :func:`capturer`).
+
+    ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
+    ``schedule.meta["beats_model"]`` says whether the schedule beat it (else :func:`capturer` would
+    return the captured model).
+    """
+    _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
+                                  number, timer, {})
+    plan.meta["table"] = table_rows(rows)
+    plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
+    return plan
+
+
+class CapturedSchedule:
+    """A model captured with its chosen schedule: ``captured(*inputs)`` replays it.
 
     Outputs are the graph's static output tensors, overwritten by the next call.
     """
@@ -180,27 +465,44 @@ class Runner:
         return outputs[0] if self._single else tuple(outputs)
 
 
-def capturer(inputs: Sequence[Any], model: Any, schedulers: Sequence[Any] = DEFAULT_SCHEDULERS,
-             **options: Any) -> Any:
-    """Opara-style one call: export ``model``, pick the fastest schedule by measurement, capture it.
+def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
+             schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
+             number: int = 10, timer: Timer | None = None) -> Any:
+    """Opara-style one call: export ``model``, pick the fastest variant by measurement, capture it.
+
+    The variants are the model itself captured as it is in one CUDA Graph (the baseline) and the
+    schedules of its exported operators (see :func:`evaluate` for ``schedulers``, ``mode``,
+    ``schedule``, ``tolerance`` and ``timer``). The result is a :class:`CapturedSchedule` when a
+    schedule beats the baseline by more than ``tolerance``, else the :class:`CapturedModel` (with the
+    reason logged at INFO). Both take the model's inputs, return static outputs, and carry
+    ``table`` (every row), ``build_s`` (seconds this call took), ``phases`` (where they went) and
+    ``trace`` (``fx`` or ``export``: how the operators were traced).
+    Every measured row is ``repeat`` samples of ``number`` runs (the median is compared).
 
     A model that cannot be exported is run unscheduled (``model`` itself) with a warning.
     """
-    from .errors import OpBenchError
-
-    inputs = list(inputs)
+    start = time.perf_counter()
+    phases: dict[str, float] = {}
     try:
-        backend = TorchBackend(model, inputs)
+        backend, baseline, plan, rows, single = _select(inputs, model, "capturer", schedulers, mode, schedule,
+                                                        tolerance, repeat, number, timer, phases)
     except OpBenchError as err:
-        log.warning("%s; running the model unscheduled", err)
+        if not str(err).startswith("torch.export failed"):
+            raise
+        log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
         return model
-    import torch
-
-    with torch.no_grad():
-        reference = model(*inputs)
-    single = not isinstance(reference, list | tuple)
-    schedule, rows = evaluate(backend, schedulers, reference=_host([reference] if single else reference), **options)
-    return Runner(backend, schedule, table_rows(rows), single)
+    table = table_rows(rows)
+    result: Any
+    if rows[0]["kept"] and rows[0]["plan"] is None:
+        result = baseline
+        result.schedule = None
+    else:
+        result = CapturedSchedule(backend, plan, table, single)
+    result.table = table
+    result.trace = backend.trace
+    result.phases = phases
+    result.build_s = time.perf_counter() - start
+    return result
 
 
 def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,

@@ -187,6 +187,25 @@ def test_ifcompare_prints_the_table(tmp_path):
     bound = summary["critical_path"]
     assert bound["ops"] and 0 < bound["path_ms"] <= bound["sum_ms"]
     assert any(x.startswith(f"critical path: {len(bound['ops'])} operators") for x in lines)
+    # the operators' times come from the collection just made, not from a second measurement
+    from opbench.dataset import load
+
+    ops = load(tmp_path / "d.sqlite", "operators").sort_values("op_index")
+    alone = [t["alone_ms"] for t in summary["operator_times"]]
+    assert alone == pytest.approx(list(ops["latency_median_s"] * 1e3))
+    assert kept.meta["graph"] and kept.meta["device"] == "cpu"
+    # the kept schedule is reused: no search, measured beside sequential
+    proc = run("compare", "--modelsource", "simple", "--modelname", SMALL, "--schedule", str(sched),
+               "--compare-repeat", "2", "--compare-number", "2", "--json", str(tmp_path / "c.json"), script=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "c.json").read_text())["schedules"]
+    assert [r["schedule"] for r in rows] == ["sequential", kept.name] and rows[1]["scheduling_ms"] == 0.0
+    # ... and refused for another graph, in one line
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul:n=16", "--schedule", str(sched),
+               script=False)
+    assert proc.returncode == 2 and "was made for another graph" in proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if "error" in x]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_compare_command_errors(tmp_path):
@@ -250,3 +269,25 @@ def test_format_table_handles_failed_rows():
              "latency_min_s": None, "latency_max_s": None, "gflops": None, "status": "failed"}]
     text = format_table(rows)
     assert "failed" in text and text.splitlines()[2].split()[0] == "0"
+
+
+def test_compare_stages_and_measured_ios(tmp_path):
+    import json
+
+    proc = run("compare", "--modelsource", "simple", "--modelname", "ios_block:channels=8,size=10",
+               "--schedulers", "sequential,ios", "--ios-cost", "model,measured", "--stages",
+               "--compare-repeat", "2", "--compare-number", "2", "--json", str(tmp_path / "c.json"), script=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert [r["schedule"] for r in doc["schedules"]] == ["sequential", "ios", "ios-measured"]
+    stages = doc["stages"]
+    assert set(stages) == {"sequential", "ios", "ios-measured"}
+    seq = stages["sequential"]["stages"]
+    assert len(seq) == 5 and all(len(s["groups"]) == 1 and s["latency_ms"] > 0 for s in seq)
+    ios = stages["ios"]["stages"]
+    ops = sorted(op for s in ios for g in s["groups"] for op in g)
+    assert ops == list(range(5)) and any(s["strategy"] == "concurrent" for s in ios)
+    assert stages["ios"]["total_ms"] == pytest.approx(sum(s["latency_ms"] for s in ios))
+    assert "stages of ios" in proc.stdout and "concurrent" in proc.stdout
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--ios-cost", "guess", script=False)
+    assert proc.returncode == 2 and "unknown --ios-cost 'guess'" in proc.stderr

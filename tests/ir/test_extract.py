@@ -92,6 +92,41 @@ def test_already_lowered_module_is_walked():
 
 
 def test_module_without_main():
-    mod = tvm.IRModule()
-    with pytest.raises(OpBenchError, match="no 'main' function"):
-        extract_operators(mod)
+    with pytest.raises(OpBenchError, match="no Relax function to extract"):
+        extract_operators(tvm.IRModule())
+    mod = load_workload("simple", "ios_block", 1).mod
+    with pytest.raises(OpBenchError, match=r"no Relax function 'forward' \(it has: main\)"):
+        extract_operators(mod, func_name="forward")
+
+
+def _nn_export():
+    """A two-branch block written with tvm.relax.frontend.nn, exported: its entry is ``forward``."""
+    from tvm.relax.frontend import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            self.a = nn.Linear(16, 32)
+            self.b = nn.Linear(16, 32)
+
+        def forward(self, x: nn.Tensor):
+            return nn.op.add(nn.op.relu(self.a(x)), self.b(x))
+
+    mod, params = Block().export_tvm(spec={"forward": {"x": nn.spec.Tensor((4, 16), "float32")}})
+    return mod, params
+
+
+def test_pass_on_an_nn_module_export():
+    mod, params = _nn_export()
+    assert "main" not in [gv.name_hint for gv in mod.get_global_vars()]
+    extract = ExtractOperators()
+    lowered = extract(mod)
+    graph = extract.graph
+    assert extract.entry == "forward" and "forward" in [gv.name_hint for gv in lowered.get_global_vars()]
+    kinds = sorted(n.kind for n in graph)
+    assert len(graph) >= 3 and kinds.count("matmul") + kinds.count("dense") >= 2, kinds
+    # the inputs are x and the exported parameters, in the function's order
+    assert graph.input_specs[0] == ("x", (4, 16), "float32") and len(graph.input_specs) == 1 + len(params)
+    last = graph[len(graph) - 1]
+    assert last.output_shapes == [(4, 32)] and len(graph.preds(last.index)) >= 1
+    _, named = extract_operators(mod, func_name="forward")
+    assert [n.func for n in named] == [n.func for n in graph]

@@ -75,13 +75,14 @@ def test_capturer_torch_model_equals_model():
     torch.manual_seed(0)
     model = TwoBranch().eval()
     x = torch.randn(1, 3, 8, 8)
-    run = capturer([x], model, repeat=2, number=2)
+    run = capturer([x], model, repeat=2, number=2, mode="exhaustive")
     with torch.no_grad():
         expected = model(x)
         other = torch.randn(1, 3, 8, 8)
         torch.testing.assert_close(run(x), expected, rtol=0, atol=0)
         torch.testing.assert_close(run(other), model(other), rtol=0, atol=0)
-    assert {r["schedule"] for r in run.table} == set(DEFAULT_SCHEDULERS)
+    assert [r["schedule"] for r in run.table] == ["model, eager", *DEFAULT_SCHEDULERS]  # no CUDA Graph on a CPU
+    assert all(r["measured"] for r in run.table) and run.build_s > 0
 
 
 def test_capturer_falls_back_for_unexportable_model(caplog):
@@ -136,3 +137,43 @@ def test_critical_path_of_tvm_kernels_is_a_dependency_chain(branchy_backend):
     assert not graph.preds(path[0]) and not graph.succs(path[-1])
     assert all(a in graph.preds(b) for a, b in zip(path, path[1:], strict=False))
     assert 0 < result["path_ms"] <= result["sum_ms"]
+
+
+@pytest.mark.skipif((__import__("os").cpu_count() or 1) < 2, reason="needs two cores")
+def test_cpu_streams_overlap():
+    """Two independent kernels on two threads take clearly less than their sum (kernels release the lock)."""
+    from opbench.profile.schedule import stage_times
+    from opbench.runtime import resolve_target
+
+    w = load_workload("simple", "branchy:branches=2,depth=1,channels=48,size=24", 1)
+    backend = tvm_backend(w, resolve_target("llvm"))
+    a, b = (n.index for n in backend.graph if backend.graph.preds(n.index) == [0])
+    sequential = ParallelExecutor(backend, get_scheduler("sequential").schedule(backend.graph))
+    parallel = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph))
+    assert parallel.schedule.stream_of[a] != parallel.schedule.stream_of[b]
+
+    def best(run, k=5):
+        run()
+        times = []
+        for _ in range(k):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)  # the least disturbed run on a shared machine
+
+    seq_branches, par_branches = stage_times(backend, [[[a], [b]]], repeat=5)[0], None
+    alone = sum(stage_times(backend, [[[a]], [[b]]], repeat=5))
+    assert seq_branches == pytest.approx(alone, rel=0.3)  # on the CPU a stage's groups run one after another
+    par_branches = best(lambda: _two_threads(backend, a, b))
+    assert par_branches < 0.75 * alone, (par_branches, alone)
+    assert best(parallel.run) < 0.9 * best(sequential.run)
+
+
+def _two_threads(backend, a, b):
+    import threading
+
+    threads = [threading.Thread(target=backend.launch, args=(op,)) for op in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

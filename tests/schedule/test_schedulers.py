@@ -6,7 +6,7 @@ import pytest
 
 from opbench import OpBenchError
 from opbench.ir.graph import ArgRef, OpGraph, OpNode
-from opbench.schedule import IOS, CostModel, Greedy, Nimble, Opara, Schedule, Sequential, get_scheduler
+from opbench.schedule import IOS, Greedy, Nimble, Opara, Schedule, SchedulingCost, Sequential, get_scheduler
 from opbench.schedule.nimble import hopcroft_karp
 from opbench.schedule.opara import allocate_streams, launch_order
 
@@ -15,8 +15,9 @@ def dag(n: int, edges: list[tuple[int, int]], flops=None, nbytes=None) -> OpGrap
     nodes = []
     for v in range(n):
         args = [ArgRef("node", u) for u, w in edges if w == v]
-        nodes.append(OpNode(v, f"f{v}", f"t{v}", "elementwise", [], {}, args, [], [], [(1,)], ["float32"],
-                            (flops or [1.0] * n)[v], (nbytes or [1] * n)[v]))
+        nodes.append(OpNode(index=v, func=f"f{v}", task=f"t{v}", kind="elementwise", ops=[], attrs={}, args=args,
+                            input_shapes=[], input_dtypes=[], output_shapes=[(1,)], output_dtypes=["float32"],
+                            flops=(flops or [1.0] * n)[v], bytes=(nbytes or [1] * n)[v]))
     return OpGraph(nodes, [], [], [])
 
 
@@ -63,7 +64,7 @@ def test_opara_alg1_streams():
 def test_opara_alg2_alternates_queues():
     # four independent operators after a source: 1, 2 compute-bound; 3, 4 memory-bound
     g = dag(5, [(0, 1), (0, 2), (0, 3), (0, 4)], flops=[1, 1000, 900, 1, 2], nbytes=[100, 10, 10, 10, 10])
-    cost = CostModel(g, ridge=5.0)
+    cost = SchedulingCost(g, ridge=5.0)
     order = launch_order(g, cost)
     assert order[0] == 0
     kinds = [cost.compute_bound(v) for v in order[1:]]
@@ -100,7 +101,7 @@ def test_ios_dp_optimal_cost():
 
 def test_ios_blocks_and_cost_model():
     g = dag(7, [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (3, 5), (4, 6), (5, 6)])
-    s = IOS().schedule(g, CostModel(g)).validate(g)
+    s = IOS().schedule(g, SchedulingCost(g)).validate(g)
     assert sorted(op for st in s.stages for grp in st for op in grp) == list(range(7))
 
 
@@ -133,3 +134,33 @@ def test_unknown_scheduler():
         get_scheduler("fastest")
     obj = Greedy(3)
     assert get_scheduler(obj) is obj
+
+
+def _half_gpu(n: int) -> dict[int, dict]:
+    """Kernel resources that fill half of a 2-SM device each (one block of a full SM's threads)."""
+    return {i: {"grid": [1, 1, 1], "threads": 1024, "occupancy": 1.0} for i in range(n)}
+
+
+def test_predicted_schedule_latency_known_answers():
+    # FORK3: 0 -> {1, 2, 3} -> 4, every operator 1 ms alone
+    half = SchedulingCost(FORK3, [1e-3] * 5, _half_gpu(5), sm_count=2, threads_per_sm=1024, fork_s=0.0)
+    assert half.demand(1) == 0.5
+    assert half.predict(Sequential().schedule(FORK3)) == pytest.approx(5e-3)
+    # three branches at half the GPU each share it: 1.5 ms for the middle, 3.5 ms in all
+    assert half.predict(Greedy().schedule(FORK3)) == pytest.approx(3.5e-3)
+    full = SchedulingCost(FORK3, [1e-3] * 5, {}, sm_count=1, threads_per_sm=1, fork_s=0.0)
+    assert full.demand(1) == 1.0  # a GPU-filling operator gains nothing from a second stream
+    assert full.predict(Greedy().schedule(FORK3)) == pytest.approx(5e-3)
+    # two streams with two chains: 0->2 and 1->3, no dependency between them, half the GPU each
+    chains = dag(4, [(0, 2), (1, 3)])
+    cost = SchedulingCost(chains, [1e-3, 2e-3, 1e-3, 2e-3], _half_gpu(4), sm_count=2, threads_per_sm=1024,
+                          fork_s=1e-6)
+    two = Schedule("two", [0, 1, 0, 1], [0, 1, 2, 3], [])
+    assert cost.predict(two) == pytest.approx(4e-3 + 1e-6)
+
+
+def test_scheduling_cost_takes_the_device_figures():
+    cost = SchedulingCost.for_device(FORK3, device={"sm_count": 78, "peak_flops": 1e12, "bandwidth": None,
+                                                    "name": "a GPU"})
+    assert cost.sm_count == 78 and cost.peak_flops == 1e12 and cost.bandwidth == 3.35e12  # unknown: default
+    assert SchedulingCost.for_device(FORK3).sm_count == 132

@@ -181,6 +181,17 @@ def _add_schedule_flags(p: Any) -> None:
     g.add_argument("--compare-repeat", type=_positive_int, default=10, help="timed samples per schedule")
     g.add_argument("--compare-number", type=_positive_int, default=20, help="runs per sample")
     g.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
+    g.add_argument("--ios-cost", default="model",
+                   help="stage cost of the ios scheduler: model (the scheduling cost), measured (every candidate "
+                        "stage captured and timed, memoised), or both (comma-separated: one row each)")
+    g.add_argument("--ios-time-limit", type=_positive_float, default=60.0,
+                   help="seconds the ios dynamic programme may search (then one operator per stage)")
+    g.add_argument("--stages", action="store_true",
+                   help="also print, for sequential and each staged schedule, every stage with its operators, "
+                        "strategy and measured latency (the stages run with a barrier between them)")
+    g.add_argument("--schedule", default=None, metavar="FILE",
+                   help="a schedule saved earlier for this model (--save-schedule): no search, it is measured "
+                        "beside sequential; a schedule of another graph is refused")
 
 
 def _add_compare(sub: Any) -> None:
@@ -353,6 +364,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     tuner = get_tuner(args.tuner)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
+    if args.schedule:  # a bad file fails before any work
+        from ..schedule import Schedule
+
+        Schedule.load(args.schedule)
     if args.ifcompare:
         _scheduler_names(args)
     rpc = _rpc_spec(args)
@@ -429,7 +444,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
         backend = TVMBackend(result.extra["kernels"], workload.example_inputs(args.seed),
                              result.extra.get("resources") or None)
-        summary.update(_compare(backend, args))
+        # the operators were just timed alone (or read from the dataset): no second measurement
+        by_index = {r["op_index"]: r.get("latency_median_s") for r in result.rows}
+        latencies = [by_index.get(n.index) for n in backend.graph]
+        known = all(t is not None for t in latencies)
+        log.info("parallel schedules: %s", "reusing the operator times just measured" if known
+                 else "some operator has no time, timing every operator again")
+        summary.update(_compare(backend, args, latencies=latencies if known else None))
     if args.json:
         write_json(args.json, summary)
     return EXIT_FAILED_OPS if result.failed else EXIT_OK
@@ -580,49 +601,114 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
     from ..schedule import get_scheduler
 
     names = [get_scheduler(n.strip()).name for n in args.schedulers.split(",") if n.strip()]
+    costs = [c.strip() for c in args.ios_cost.split(",") if c.strip()]
+    bad = [c for c in costs if c not in IOS_COSTS] or ([] if costs else [args.ios_cost])
+    if bad:
+        raise OpBenchError(f"unknown --ios-cost '{bad[0]}' (accepted: {', '.join(IOS_COSTS)}, comma-separated)")
     return ["sequential"] + [n for n in names if n != "sequential"]
 
 
-def _compare(backend: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Schedules side by side, then the critical path that bounds them all; the table as JSON."""
-    from ..parallel import evaluate_with_bound, format_comparison, table_rows
+IOS_COSTS = ("model", "measured")
 
-    log.info("comparing schedules %s on %d operators", args.schedulers, len(backend.graph))
-    kept, rows, bound = evaluate_with_bound(backend, _scheduler_names(args), repeat=args.compare_repeat,
-                                            number=args.compare_number)
+
+def _schedulers(names: list[str], backend: Any, args: argparse.Namespace) -> list[Any]:
+    """Scheduler names, with ``ios`` once per ``--ios-cost`` (``ios-measured`` times its stages)."""
+    from ..profile.schedule import measured_stage_cost
+    from ..schedule import IOS
+
+    out: list[Any] = []
+    for name in names:
+        if name != "ios":
+            out.append(name)
+            continue
+        for cost in dict.fromkeys(c.strip() for c in args.ios_cost.split(",") if c.strip()):
+            measured = measured_stage_cost(backend) if cost == "measured" else None
+            out.append(IOS(time_limit_s=args.ios_time_limit, stage_cost=measured,
+                           name="ios" if cost == "model" else "ios-measured"))
+    return out
+
+
+def _compare(backend: Any, args: argparse.Namespace, baseline: Any = None,
+             latencies: list[float] | None = None) -> dict[str, Any]:
+    """Schedules side by side (and the model's own CUDA Graph, for a torch model), then the critical
+    path that bounds them all; the table as JSON. ``latencies`` (seconds by operator) are the
+    operators' alone-times when they were just measured."""
+    from ..parallel import evaluate_with_bound, format_comparison, table_rows
+    from ..schedule import Schedule
+
+    given = Schedule.load(args.schedule) if getattr(args, "schedule", None) else None
+    what = f"schedule {args.schedule}" if given else f"schedules {args.schedulers}"
+    log.info("comparing %s on %d operators", what, len(backend.graph))
+    kept, rows, bound = evaluate_with_bound(backend, _schedulers(_scheduler_names(args), backend, args),
+                                            repeat=args.compare_repeat,
+                                            number=args.compare_number, latencies=latencies, baseline=baseline,
+                                            schedule=given)
     out = _human(args)
     how = "CUDA Graph" if backend.is_cuda else "threads"
     print(f"\n{backend.name} kernels, {len(backend.graph)} operators ({how}):", file=out)
     print(format_comparison(rows), file=out)
-    print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)", file=out)
+    if baseline is not None and rows[0]["kept"]:
+        print(f"kept: the {rows[0]['schedule']} (no schedule beats it by more than 2%; best schedule: {kept.name})",
+              file=out)
+    else:
+        print(f"kept: {kept.name} ({kept.num_streams} streams, {kept.num_events} events)", file=out)
     line = f"critical path: {len(bound['ops'])} operators, {bound['chain_ms']:.4f} ms run alone"
     if backend.is_cuda:
         line += (f"; no schedule of these kernels is faster (at most {rows[0]['latency_ms'] / bound['chain_ms']:.2f}x "
                  "over sequential)")
     else:
-        line += ("; on the CPU each TVM kernel already uses every core, so concurrent threads share them and "
-                 "these numbers measure thread overhead more than parallelism")
+        line += ("; on the CPU each stream is a thread: untuned TVM kernels run on one core each and release "
+                 "Python's lock, so streams overlap up to the number of cores (tuned kernels use every core)")
     print(line, file=out)
     if args.save_schedule:
         kept.save(args.save_schedule)
+    stages = _print_stages(backend, rows, args, out) if args.stages else None
     times = [{"index": n.index, "name": n.func, "kind": n.kind,
               "output_shape": list(n.output_shapes[0]) if n.output_shapes else [],
               "alone_ms": bound["alone_ms"][n.index]} for n in backend.graph]
-    return {"schedules": table_rows(rows), "critical_path": {k: v for k, v in bound.items() if k != "alone_ms"},
-            "operator_times": times}
+    table = {"schedules": table_rows(rows), "critical_path": {k: v for k, v in bound.items() if k != "alone_ms"},
+             "operator_times": times}
+    if stages is not None:
+        table["stages"] = stages
+    return table
+
+
+def _print_stages(backend: Any, rows: list[dict[str, Any]], args: argparse.Namespace, out: Any) -> dict[str, Any]:
+    """IOS's view: every stage of sequential and of each staged schedule, with its measured latency."""
+    from ..profile.schedule import stage_table
+
+    found: dict[str, Any] = {}
+    for row in rows:
+        plan = row.get("plan")
+        if plan is None or (plan.name != "sequential" and not plan.stages):
+            continue
+        stages = stage_table(backend, plan, args.compare_repeat)
+        total = sum(s["latency_ms"] for s in stages)
+        found[plan.name] = {"total_ms": total, "stages": stages}
+        print(f"\nstages of {plan.name} ({len(stages)} stages, {total:.4f} ms with a barrier after each):", file=out)
+        for s in stages:
+            groups = " | ".join(" ".join(f"{op}:{kind}" for op, kind in zip(g, k, strict=True))
+                                for g, k in zip(s["groups"], s["operators"], strict=True))
+            print(f"  stage {s['stage']:>3}  {s['strategy']:<10} {s['latency_ms']:>9.4f} ms  {groups}", file=out)
+    return found
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..parallel import TorchBackend, tvm_backend
+    from ..parallel import CapturedModel, TorchBackend, tvm_backend
     from ..runtime import is_gpu, resolve_target
 
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
+    if args.schedule:  # a bad file fails before any work
+        from ..schedule import Schedule
+
+        Schedule.load(args.schedule)
     _scheduler_names(args)
     target = resolve_target(args.target)
     workload = _load(args)
+    baseline = None
     if args.backend == "tvm":
         database_dir = _database_dir(args, "")
         applied = _applied(database_dir, workload, target) if database_dir else None
@@ -639,7 +725,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         module = workload.torch_module.to(device)
         inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(args.seed)]
         backend = TorchBackend(module, inputs)
-    table = _compare(backend, args)
+        baseline = CapturedModel(module, inputs)
+    table = _compare(backend, args, baseline)
     if args.json:
         write_json(args.json, table)
     return EXIT_OK

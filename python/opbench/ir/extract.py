@@ -54,10 +54,29 @@ def _bindings(func: relax.Function) -> list[Any]:
     return [b for block in body.blocks for b in block.bindings]
 
 
-def _record_ops(mod: tvm.IRModule) -> dict[Any, OpInfo]:
-    """Relax operator (name, attrs) bound to each variable of ``main``."""
+def entry_function(mod: tvm.IRModule, name: str | None = None) -> str:
+    """The Relax function to extract: ``name`` if given, else ``main``, else the module's only Relax
+    function (fused and primitive functions do not count)."""
+    funcs = [gv.name_hint for gv, f in mod.functions.items()
+             if isinstance(f, relax.Function) and not (f.attrs and "Primitive" in f.attrs)]
+    if name is not None:
+        if name not in funcs:
+            raise OpBenchError(f"the module has no Relax function '{name}' (it has: {', '.join(funcs) or 'none'})")
+        return name
+    if "main" in funcs:
+        return "main"
+    if len(funcs) == 1:
+        return funcs[0]
+    if not funcs:
+        raise OpBenchError("the module has no Relax function to extract operators from")
+    raise OpBenchError(f"the module has no 'main' function and several Relax functions ({', '.join(funcs)}): "
+                       "name one with func_name")
+
+
+def _record_ops(mod: tvm.IRModule, entry: str) -> dict[Any, OpInfo]:
+    """Relax operator (name, attrs) bound to each variable of the entry function."""
     out: dict[Any, OpInfo] = {}
-    for binding in _bindings(mod["main"]):
+    for binding in _bindings(mod[entry]):
         value = binding.value
         if isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and value.op != _CALL_TIR:
             name = value.op.name.removeprefix("relax.")
@@ -65,10 +84,10 @@ def _record_ops(mod: tvm.IRModule) -> dict[Any, OpInfo]:
     return out
 
 
-def _legalized_ops(mod: tvm.IRModule, recorded: dict[Any, OpInfo]) -> dict[str, OpInfo]:
+def _legalized_ops(mod: tvm.IRModule, recorded: dict[Any, OpInfo], entry: str) -> dict[str, OpInfo]:
     """Legalized PrimFunc name -> the Relax operator it implements."""
     out: dict[str, OpInfo] = {}
-    for binding in _bindings(mod["main"]):
+    for binding in _bindings(mod[entry]):
         value = binding.value
         if isinstance(value, relax.Call) and value.op == _CALL_TIR and binding.var in recorded:
             out.setdefault(value.args[0].name_hint, recorded[binding.var])
@@ -92,8 +111,8 @@ def _fused_ops(mod: tvm.IRModule, legal: dict[str, OpInfo]) -> dict[str, list[Op
     return out
 
 
-def _is_lowered(mod: tvm.IRModule) -> bool:
-    for binding in _bindings(mod["main"]):
+def _is_lowered(mod: tvm.IRModule, entry: str) -> bool:
+    for binding in _bindings(mod[entry]):
         value = binding.value
         if isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and value.op != _CALL_TIR:
             return False
@@ -113,10 +132,11 @@ def _tensor_types(ty: Any) -> list[Any]:
     return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
 
 
-def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = None) -> OpGraph:
-    """Walk the dataflow of a lowered ``main`` and build its :class:`OpGraph`."""
+def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = None,
+                   entry: str = "main") -> OpGraph:
+    """Walk the dataflow of a lowered entry function (default ``main``) and build its :class:`OpGraph`."""
     fused = fused or {}
-    main = mod["main"]
+    main = mod[entry]
     env: dict[Any, Any] = {}
     input_specs = []
     for i, param in enumerate(main.params):
@@ -164,9 +184,10 @@ def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = No
             moved = sum(tensor_bytes(s, d) for s, d in zip(in_shapes + out_shapes,
                                                             in_dtypes + out_dtypes, strict=True))
             index = len(nodes)
-            nodes.append(OpNode(index, func_name, hashes[func_name], kind, ops, attrs, args,
-                                in_shapes, in_dtypes, out_shapes, out_dtypes,
-                                estimate_flops(prim), moved, binding.var.name))
+            nodes.append(OpNode(index=index, func=func_name, task=hashes[func_name], kind=kind, ops=ops,
+                                attrs=attrs, args=args, input_shapes=in_shapes, input_dtypes=in_dtypes,
+                                output_shapes=out_shapes, output_dtypes=out_dtypes, flops=estimate_flops(prim),
+                                bytes=moved, var_name=binding.var.name))
             if isinstance(binding.var.ty, relax.TupleType):
                 env[binding.var] = [ArgRef("node", index, k) for k in range(len(out_types))]
             else:
@@ -191,10 +212,16 @@ class ExtractOperators:
     ----------
     target:
         Optional target whose context the lowering runs in.
+    func_name:
+        The Relax function whose operators are extracted (default: ``main``, else the module's
+        only Relax function, e.g. ``forward`` of a ``tvm.relax.frontend.nn`` export). The name
+        used is kept in ``.entry``.
     """
 
-    def __init__(self, target: Any = None) -> None:
+    def __init__(self, target: Any = None, func_name: str | None = None) -> None:
         self.target = target
+        self.func_name = func_name
+        self.entry: str | None = None
         self.graph: OpGraph | None = None
         self.error: OpBenchError | None = None
 
@@ -207,27 +234,27 @@ class ExtractOperators:
             raise
 
     def _transform(self, mod: tvm.IRModule) -> tvm.IRModule:
-        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
-            raise OpBenchError("the module has no 'main' function")
+        entry = self.entry = entry_function(mod, self.func_name)
         fused: dict[str, list[OpInfo]] = {}
-        if not _is_lowered(mod):
+        if not _is_lowered(mod, entry):
             before, legalize_fuse, fuse_tir = lowering_passes()
             target = tvm.target.Target(self.target if self.target is not None else {"kind": "llvm"})
             with target:
                 mod = tvm.transform.Sequential(before)(mod)
-                recorded = _record_ops(mod)
+                recorded = _record_ops(mod, entry)
                 mod = legalize_fuse[0](mod)
-                legal = _legalized_ops(mod, recorded)
+                legal = _legalized_ops(mod, recorded, entry)
                 mod = tvm.transform.Sequential(legalize_fuse[1:])(mod)
                 fused = _fused_ops(mod, legal)
                 mod = tvm.transform.Sequential(fuse_tir)(mod)
-        self.graph = build_op_graph(mod, fused)
+        self.graph = build_op_graph(mod, fused, entry)
         return mod
 
 
-def extract_operators(mod: tvm.IRModule, target: Any = None) -> tuple[tvm.IRModule, OpGraph]:
+def extract_operators(mod: tvm.IRModule, target: Any = None,
+                      func_name: str | None = None) -> tuple[tvm.IRModule, OpGraph]:
     """Run :class:`ExtractOperators` and return the lowered module and its graph."""
-    extract = ExtractOperators(target)
+    extract = ExtractOperators(target, func_name)
     try:
         lowered = extract(mod)
     except Exception:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
+
+from .dag import edges_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +117,8 @@ class OpGraph:
 
     @property
     def edges(self) -> list[tuple[int, int]]:
-        return [(u, v) for v, preds in enumerate(self._preds) for u in preds]
+        """Every edge (producer, consumer), by consumer."""
+        return edges_of(self)
 
     def tasks(self) -> dict[str, Task]:
         """Unique kernels by structural hash, in order of first use."""
@@ -123,6 +128,16 @@ class OpGraph:
             task.count += 1
             task.nodes.append(node.index)
         return out
+
+    def fingerprint(self) -> str:
+        """A digest of the graph's structure: every operator's kind, operators, shapes, dtypes and
+        arguments, and the inputs' specs (not the weights' values). Schedules record it."""
+        parts = [[list(map(str, spec)) for spec in self.input_specs]]
+        for n in self.nodes:
+            parts.append([n.kind, n.ops, [list(s) for s in n.input_shapes], n.input_dtypes,
+                          [list(s) for s in n.output_shapes], n.output_dtypes, [a.to_list() for a in n.args]])
+        parts.append([a.to_list() for a in self.outputs])
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable description (constants are described by shape, not stored)."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from ..ir.dag import levels as asap_levels
+from ..ir.dag import reach_bits as reachability
 from ..ir.graph import OpGraph
-from ..schedule.base import reach_bits as reachability
-from ..schedule.greedy import levels as asap_levels
 
 __all__ = ["asap_levels", "corun_groups", "independent", "reachability"]
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OpBenchError
+from ..runtime.graphs import CapturedGraph, capture_graph, fork_join
 from ..runtime.kernels import OperatorKernels
 from .base import Profiler
 from .timer import Timing, TimingConfig, cuda_event_samples
@@ -76,6 +77,38 @@ def _throttle(text: str) -> str | None:
         return None
     names = [name for bit, name in _THROTTLE.items() if mask & bit]
     return ",".join(names) or "none"
+
+
+#: FP32 lanes per SM by compute capability major version (Volta/Ampere A100: 64, later: 128)
+_FP32_LANES = {7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
+
+
+def device_figures(index: int = 0) -> dict[str, Any]:
+    """The GPU's figures for the scheduling cost: SM count, threads per SM, peak FP32 FLOP/s (from
+    the SM clock) and memory bandwidth (from the memory clock and bus width).
+
+    Clocks come from the device properties, else from nvidia-smi's maximum clocks; a figure that
+    cannot be read is left out (the cost model then keeps its default).
+    """
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    out: dict[str, Any] = {"name": props.name, "sm_count": props.multi_processor_count,
+                           "threads_per_sm": props.max_threads_per_multi_processor}
+    sm_khz = getattr(props, "clock_rate", 0) or 0
+    mem_khz = getattr(props, "memory_clock_rate", 0) or 0
+    if not sm_khz or not mem_khz:
+        smi = _nvidia_smi("clocks.max.sm,clocks.max.memory")
+        if smi:
+            sm_khz = sm_khz or (_int(smi[0]) or 0) * 1000
+            mem_khz = mem_khz or (_int(smi[1]) or 0) * 1000
+    lanes = _FP32_LANES.get(props.major, 128)
+    if sm_khz:
+        out["peak_flops"] = 2.0 * lanes * props.multi_processor_count * sm_khz * 1e3
+    bus = getattr(props, "memory_bus_width", 0) or 0
+    if mem_khz and bus:
+        out["bandwidth"] = 2.0 * mem_khz * 1e3 * bus / 8
+    return out
 
 
 class CudaProfiler(Profiler):
@@ -139,13 +172,15 @@ class CudaProfiler(Profiler):
         return {n.index: by_func.get(n.func, {}) for n in kernels.graph}
 
     # timing ------------------------------------------------------------------------------
-    def capture(self, launch: Callable[[], None]) -> Any:
-        """Capture ``launch`` (TVM kernels on the current stream) in a CUDA Graph."""
+    def capture(self, launch: Callable[[], None]) -> CapturedGraph:
+        """Capture ``launch`` (TVM kernels on the current stream) in a CUDA Graph, after a warm-up."""
         torch = self.torch
-        graph = torch.cuda.CUDAGraph()
-        with self.tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
-            launch()
-        return graph
+
+        def on(stream: Any) -> None:
+            with self.tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
+                launch()
+
+        return capture_graph(on)
 
     def time_graph(self, graph: Any, config: TimingConfig) -> Timing:
         """CUDA-event timing of graph replays (median over ``config.repeat`` samples)."""
@@ -171,8 +206,6 @@ class CudaProfiler(Profiler):
     def time(self, kernels: OperatorKernels, index: int, args: Sequence[Any], outs: Sequence[Any],
              config: TimingConfig) -> Timing:
         """Time one operator (its kernels captured in a CUDA Graph)."""
-        kernels.call(index, args, outs)  # loads the kernel before capture
-        self.torch.cuda.synchronize()
         graph = self.capture(lambda: kernels.call(index, args, outs))
         return self.time_graph(graph, config)
 
@@ -191,15 +224,12 @@ class CudaProfiler(Profiler):
                 kernels.call(i, args, outs)
 
         op_events: list[tuple[Any, Any]] = []
+        streams = self.streams[:len(group)]
 
         def concurrent(timed: bool) -> Callable[[], None]:
-            def launch() -> None:
-                capture_stream = torch.cuda.current_stream()
-                fork = torch.cuda.Event()
-                fork.record(capture_stream)
-                joins = []
-                for stream, i, (args, outs) in zip(self.streams, group, prepared, strict=False):
-                    stream.wait_event(fork)
+            def body() -> None:
+                op_events.clear()
+                for stream, i, (args, outs) in zip(streams, group, prepared, strict=True):
                     with self.tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
                         if timed:
                             begin = torch.cuda.Event(enable_timing=True, external=True)
@@ -210,12 +240,8 @@ class CudaProfiler(Profiler):
                             op_events.append((begin, finish))
                         else:
                             kernels.call(i, args, outs)
-                    join = torch.cuda.Event()
-                    join.record(stream)
-                    joins.append(join)
-                for join in joins:
-                    capture_stream.wait_event(join)
-            return launch
+
+            return lambda: fork_join(torch.cuda.current_stream(), streams, body)
 
         seq = self.time_graph(self.capture(sequential), config)
         conc = self.time_graph(self.capture(concurrent(False)), config)

@@ -17,7 +17,19 @@ from .kernels import OperatorKernels
 
 
 class KernelBackend:
-    """Base class: a graph of operators and a way to launch each one."""
+    """Base class: a graph of operators and a way to launch each one.
+
+    Attributes
+    ----------
+    name:
+        The backend's name in tables (``tvm``, ``torch``).
+    graph:
+        The operators (an ``OpGraph``), numbered in a topological order.
+    is_cuda:
+        True when launches go to the GPU (and can be captured in a CUDA Graph).
+    resources:
+        Kernel resources by operator index (grid, threads, registers, shared memory), if known.
+    """
 
     name = ""
     graph: Any
@@ -25,12 +37,15 @@ class KernelBackend:
     resources: dict[int, dict[str, Any]] | None = None
 
     def set_inputs(self, inputs: Sequence[Any]) -> None:
+        """Copy ``inputs`` into the static input buffers (same shapes and dtypes)."""
         raise NotImplementedError
 
     def launch(self, index: int) -> None:
+        """Launch operator ``index`` on the current stream, reading its producers' outputs."""
         raise NotImplementedError
 
     def outputs(self) -> list[Any]:
+        """The model's outputs, as the last launches left them."""
         raise NotImplementedError
 
     def on_stream(self, stream: Any) -> Any:
@@ -79,9 +94,32 @@ def _numel(shape: Sequence[int]) -> int:
     return int(math.prod(shape)) if shape else 1
 
 
+def _meta_tensors(node: Any) -> list[Any]:
+    """The tensors (anything with a shape and dtype) a traced node produces: torch.export's ``val``,
+    or torch.fx ShapeProp's ``tensor_meta``."""
+    found: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor, fake tensor or TensorMetadata
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    walk(node.meta.get("val", node.meta.get("tensor_meta")))
+    return found
+
+
+def _itemsize(dtype: Any) -> int:
+    return int(getattr(dtype, "itemsize", 4))
+
+
 def _torch_flops(target: str, node: Any, out_shape: Sequence[int]) -> float:
     """FLOPs of an ATen call from its shapes (convolutions and matrix products; else 1/element)."""
-    vals = [a.meta.get("val") for a in node.args if hasattr(a, "meta")]
+    vals = [(_meta_tensors(a) or [None])[0] for a in node.args if hasattr(a, "meta")]
     if "convolution" in target or "conv2d" in target:
         weight = vals[1] if len(vals) > 1 else None
         if weight is not None:
@@ -93,24 +131,75 @@ def _torch_flops(target: str, node: Any, out_shape: Sequence[int]) -> float:
     return float(_numel(out_shape))
 
 
-class TorchBackend(KernelBackend):
-    """The ATen operators of ``torch.export(model)``, launched one by one.
+TRACERS = ("export", "fx", "auto")
 
-    Intermediate tensors stay alive for the backend's life, so a CUDA Graph captured over several
-    streams never reuses a buffer another stream still reads.
+
+def _fx_flops(module: Any, out_shape: Sequence[int]) -> float:
+    """FLOPs of a traced module call from its parameters (convolutions and linear layers; else
+    1 per output element)."""
+    import torch
+
+    if isinstance(module, torch.nn.modules.conv._ConvNd):
+        return 2.0 * _numel(out_shape) * _numel(module.weight.shape[1:])
+    if isinstance(module, torch.nn.Linear):
+        return 2.0 * _numel(out_shape) * module.in_features
+    return float(_numel(out_shape))
+
+
+class TorchBackend(KernelBackend):
+    """A torch model's operators, launched one by one.
+
+    ``trace="export"`` takes the ATen operators of ``torch.export(model)``; ``trace="fx"`` takes the
+    module, function and method calls of ``torch.fx.symbolic_trace(model)`` (what the user wrote,
+    traced in a fraction of the time, for models without data-dependent Python control flow);
+    ``trace="auto"`` tries fx and falls back to export. Intermediate tensors stay alive for the
+    backend's life, so a CUDA Graph captured over several streams never reuses a buffer another
+    stream still reads.
     """
 
     name = "torch"
 
-    def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False) -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False, trace: str = "export") -> None:
         import torch
 
+        if trace not in TRACERS:
+            raise OpBenchError(f"unknown trace '{trace}' (accepted: {', '.join(TRACERS)})")
+        if fold_bn and trace != "export":
+            raise OpBenchError("fold_bn needs trace='export' (it rewrites ATen batch norms)")
         self.torch = torch
         self.fold_bn = fold_bn
         self._overrides: dict[Any, tuple[Any, ...]] = {}
         self._aliases: set[Any] = set()
+        self._modules: dict[Any, Any] = {}
         device = inputs[0].device if inputs and hasattr(inputs[0], "device") else torch.device("cpu")
         self.is_cuda = device.type == "cuda"
+        self.env: dict[Any, Any] = {}
+        self.placeholders: list[Any] = []
+        self.trace = trace
+        if trace in ("fx", "auto"):
+            try:
+                graph = self._trace_fx(model, inputs)
+                self.trace = "fx"
+            except Exception as err:
+                if trace == "fx":
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
+                self.env, self.placeholders, self._modules = {}, [], {}
+                graph = None
+        if self.trace in ("export", "auto"):
+            self.trace = "export"
+            graph = self._trace_export(model, inputs, device)
+        self.ops = [n for n in graph.nodes if n.op in ("call_function", "call_module", "call_method")]
+        if fold_bn:
+            self._fold_batchnorm()
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
+        self.graph = OpGraph(self._nodes(), [(p.name, tuple(self.env[p].shape), str(self.env[p].dtype))
+                                             for p in self.placeholders], [], [])
+        self.resources = None
+
+    def _trace_export(self, model: Any, inputs: Sequence[Any], device: Any) -> Any:
+        torch = self.torch
         try:
             with torch.no_grad():
                 program = torch.export.export(model, tuple(inputs))
@@ -120,41 +209,68 @@ class TorchBackend(KernelBackend):
         sig = program.graph_signature
         state = {**program.state_dict, **program.constants}
         lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
-        self.env: dict[Any, Any] = {}
-        self.placeholders = []
         for node in program.graph.nodes:
             if node.op == "placeholder":
                 if node.name in lifted:
-                    self.env[node] = state[lifted[node.name]].to(device)
+                    self.env[node] = state[lifted[node.name]].detach().to(device)
                 else:
                     self.placeholders.append(node)
+        self._bind_inputs(inputs)
+        return program.graph
+
+    def _trace_fx(self, model: Any, inputs: Sequence[Any]) -> Any:
+        torch = self.torch
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        module = torch.fx.symbolic_trace(model)
+        with torch.no_grad():
+            ShapeProp(module).propagate(*inputs)
+        for node in module.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholders.append(node)
+            elif node.op == "get_attr":
+                value = module
+                for part in node.target.split("."):
+                    value = getattr(value, part)
+                self.env[node] = value.detach() if hasattr(value, "detach") else value
+            elif node.op == "call_module":
+                self._modules[node] = module.get_submodule(node.target)
+        self._bind_inputs(inputs)
+        return module.graph
+
+    def _bind_inputs(self, inputs: Sequence[Any]) -> None:
         if len(self.placeholders) != len(inputs):
-            raise OpBenchError(f"exported graph takes {len(self.placeholders)} inputs, {len(inputs)} given")
+            raise OpBenchError(f"traced graph takes {len(self.placeholders)} inputs, {len(inputs)} given")
         for node, x in zip(self.placeholders, inputs, strict=True):
             self.env[node] = x.detach().clone()
-        self.ops = [n for n in program.graph.nodes if n.op == "call_function"]
-        if fold_bn:
-            self._fold_batchnorm()
+
+    def _nodes(self) -> list[OpNode]:
+        """One ``OpNode`` per launched call, with shapes, dtypes, FLOPs and bytes from the trace."""
         index = {n: i for i, n in enumerate(self.ops)}
-        out_node = next(n for n in program.graph.nodes if n.op == "output")
-        self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
         nodes = []
         for i, n in enumerate(self.ops):
-            val = n.meta.get("val")
-            outs = [v for v in (val if isinstance(val, list | tuple) else [val]) if hasattr(v, "shape")]
-            ins = [a for a in n.all_input_nodes]
-            in_vals = [a.meta["val"] for a in ins if hasattr(a.meta.get("val"), "shape")]
+            outs = _meta_tensors(n)
+            ins = list(n.all_input_nodes)
+            in_vals = [v for a in ins for v in _meta_tensors(a)[:1]]
             shapes = [tuple(v.shape) for v in outs]
-            in_shapes = [tuple(v.shape) for v in in_vals]
-            moved = sum(_numel(v.shape) * v.dtype.itemsize for v in outs + in_vals)
-            target = str(n.target)
-            kind = target.split(".")[1] if target.startswith("aten.") else target
+            moved = sum(_numel(v.shape) * _itemsize(v.dtype) for v in outs + in_vals)
+            if n.op == "call_module":
+                module = self._modules[n]
+                kind = type(module).__name__.lower()
+                func = f"{type(module).__name__}:{n.target}"
+                flops = _fx_flops(module, shapes[0] if shapes else ())
+            else:
+                func = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
+                func = str(n.target) if str(n.target).startswith("aten.") else func
+                kind = func.split(".")[1] if func.startswith("aten.") else func
+                flops = _torch_flops(func, n, shapes[0] if shapes else ())
             args = [ArgRef("node", index[a]) for a in ins if a in index]
-            nodes.append(OpNode(i, target, target, kind, [target], {}, args, in_shapes, [], shapes, [],
-                                _torch_flops(target, n, shapes[0] if shapes else ()), moved, n.name))
-        self.graph = OpGraph(nodes, [(p.name, tuple(self.env[p].shape), str(self.env[p].dtype))
-                                     for p in self.placeholders], [], [])
-        self.resources = None
+            nodes.append(OpNode(index=i, func=func, task=func, kind=kind, ops=[func], attrs={}, args=args,
+                                input_shapes=[tuple(v.shape) for v in in_vals],
+                                input_dtypes=[str(v.dtype) for v in in_vals], output_shapes=shapes,
+                                output_dtypes=[str(v.dtype) for v in outs], flops=flops, bytes=moved,
+                                var_name=n.name))
+        return nodes
 
     def _fold_batchnorm(self) -> None:
         """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta).
@@ -209,7 +325,14 @@ class TorchBackend(KernelBackend):
             return
         args = fx.node.map_arg(node.args, lambda a: self.env[a])
         kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
-        self.env[node] = node.target(*args, **kwargs)
+        if node.op == "call_function":
+            self.env[node] = node.target(*args, **kwargs)
+            return
+        with self.torch.no_grad():  # module parameters require grad: record nothing for autograd
+            if node.op == "call_module":
+                self.env[node] = self._modules[node](*args, **kwargs)
+            else:  # call_method
+                self.env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
 
     def outputs(self) -> list[Any]:
         return [self.env[n] if hasattr(n, "op") else n for n in self.output_nodes]

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OpBenchError
-from .base import Schedule, Scheduler, cross_stream_events, transitive_reduction
-from .cost import CostModel
+from ..ir.dag import transitive_reduction
+from .base import Schedule, Scheduler, cross_stream_events
+from .cost import SchedulingCost
 from .greedy import Greedy
 from .ios import IOS
 from .nimble import Nimble
@@ -32,5 +33,5 @@ def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
         raise OpBenchError(f"unknown scheduler '{scheduler}' (accepted: {', '.join(SCHEDULERS)})") from None
 
 
-__all__ = ["IOS", "SCHEDULERS", "CostModel", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
+__all__ = ["IOS", "SCHEDULERS", "SchedulingCost", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
            "Sequential", "cross_stream_events", "get_scheduler", "transitive_reduction"]

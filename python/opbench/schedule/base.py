@@ -10,47 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import OpBenchError
-
-
-class DAG(Protocol):
-    """What schedulers need of a graph (``OpGraph`` has it)."""
-
-    def __len__(self) -> int: ...
-
-    def preds(self, index: int) -> list[int]: ...
-
-    def succs(self, index: int) -> list[int]: ...
-
-
-def edges_of(graph: DAG) -> list[tuple[int, int]]:
-    return [(u, v) for v in range(len(graph)) for u in graph.preds(v)]
-
-
-def reach_bits(graph: DAG) -> list[int]:
-    """Bitset of descendants of each operator (operators are in topological order)."""
-    reach = [0] * len(graph)
-    for i in reversed(range(len(graph))):
-        bits = 0
-        for j in graph.succs(i):
-            bits |= (1 << j) | reach[j]
-        reach[i] = bits
-    return reach
-
-
-def transitive_reduction(graph: DAG) -> list[tuple[int, int]]:
-    """Edges (u, v) not implied by a longer path u -> w -> v."""
-    reach = reach_bits(graph)
-    out = []
-    for u in range(len(graph)):
-        succs = graph.succs(u)
-        implied = 0
-        for w in succs:
-            implied |= reach[w]
-        out.extend((u, v) for v in succs if not (implied >> v) & 1)
-    return out
+from ..ir.dag import DAG, edges_of, transitive_reduction
 
 
 @dataclasses.dataclass

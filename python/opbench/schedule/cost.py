@@ -1,10 +1,19 @@
-"""Cost model used by schedulers: operator latency, GPU demand, resource key, stage latency.
+"""Scheduling cost: operator latency, GPU demand, resource key, stage latency, schedule latency.
 
-Latencies come from measurement where given (seconds per operator), else from a roofline estimate.
+This is the schedulers' cost model (not MetaSchedule's, which ranks kernel candidates).
+Latencies come from measurement where given (seconds per operator), else from a roofline estimate
+with the device's peak rates. The device's figures (SM count, threads per SM, peak FLOP/s and
+bandwidth) come from the GPU in use where it is known (:meth:`SchedulingCost.for_device` with
+``opbench.profile.cuda.device_figures()``), else from an H100-class default.
 An operator's demand is the fraction of the GPU it fills: its thread blocks over what all SMs hold
 at its occupancy (from kernel resources), else its output elements over the GPU's thread slots.
 A stage of concurrent groups lasts at least its longest group and at least the demand-weighted sum
 of its operators (the GPU cannot run more than full), plus a small fork/join cost per extra group.
+
+A whole schedule's latency (:meth:`SchedulingCost.predict`) is a fluid simulation: each stream
+runs its operators in order, an operator starts once its stream is free and its cross-stream
+producers have finished, and operators running together share the GPU: while their demands add
+up to more than one, each progresses at ``1 / sum(demands)`` of its alone speed.
 """
 
 from __future__ import annotations
@@ -13,13 +22,31 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+#: device figures assumed when the GPU in use is unknown (an H100 SXM, fp32 without tensor cores)
+DEFAULT_DEVICE = {"sm_count": 132, "threads_per_sm": 2048, "peak_flops": 67e12, "bandwidth": 3.35e12}
 
-class CostModel:
-    """Scheduling costs of the operators of one graph."""
+
+class SchedulingCost:
+    """Scheduling costs of the operators of one graph.
+
+    Parameters
+    ----------
+    graph:
+        The operator graph (``OpGraph`` or anything with ``preds``/``succs`` and nodes with
+        ``flops``, ``bytes`` and ``output_shapes``).
+    latencies:
+        Measured seconds per operator; without them, a roofline estimate.
+    resources:
+        Kernel resources by operator index (grid, threads, occupancy, registers, shared memory).
+    sm_count, threads_per_sm, peak_flops, bandwidth:
+        The device's figures (see :data:`DEFAULT_DEVICE` and :meth:`for_device`).
+    launch_s, fork_s:
+        Launch overhead per operator (roofline estimate only) and per extra group of a stage.
+    """
 
     def __init__(self, graph: Any, latencies: Sequence[float] | None = None,
                  resources: dict[int, dict[str, Any]] | None = None, sm_count: int = 132,
-                 threads_per_sm: int = 2048, peak_flops: float = 50e12, bandwidth: float = 3.5e12,
+                 threads_per_sm: int = 2048, peak_flops: float = 67e12, bandwidth: float = 3.35e12,
                  launch_s: float = 2e-6, fork_s: float = 1.5e-6, ridge: float | None = None) -> None:
         self.graph = graph
         self.latencies = list(latencies) if latencies is not None else None
@@ -29,16 +56,27 @@ class CostModel:
         self.launch_s, self.fork_s = launch_s, fork_s
         self.ridge = ridge if ridge is not None else peak_flops / bandwidth
 
+    @classmethod
+    def for_device(cls, graph: Any, latencies: Sequence[float] | None = None,
+                   resources: dict[int, dict[str, Any]] | None = None,
+                   device: dict[str, Any] | None = None, **options: Any) -> SchedulingCost:
+        """A cost with a device's figures (``device``: keys of :data:`DEFAULT_DEVICE`; missing or
+        unknown ones keep the default)."""
+        figures = {k: v for k, v in (device or {}).items() if k in DEFAULT_DEVICE and v}
+        return cls(graph, latencies, resources, **{**DEFAULT_DEVICE, **figures, **options})
+
     def _node(self, i: int) -> Any:
         return self.graph[i]
 
     def latency(self, i: int) -> float:
+        """Seconds operator ``i`` takes alone."""
         if self.latencies is not None:
             return self.latencies[i]
         node = self._node(i)
         return max(node.flops / self.peak_flops, node.bytes / self.bandwidth) + self.launch_s
 
     def demand(self, i: int) -> float:
+        """The fraction of the GPU operator ``i`` fills (0..1)."""
         res = self.resources.get(i) or {}
         grid, threads, occ = res.get("grid"), res.get("threads"), res.get("occupancy")
         if grid and threads and occ:
@@ -51,6 +89,7 @@ class CostModel:
         return min(1.0, max(elems, 1) / (self.sm_count * self.threads_per_sm))
 
     def compute_bound(self, i: int) -> bool:
+        """True when operator ``i``'s arithmetic intensity is above the device's ridge point."""
         node = self._node(i)
         return node.bytes > 0 and node.flops / node.bytes > self.ridge
 
@@ -66,6 +105,41 @@ class CostModel:
         return (0.0, self.demand(i), 0.0)
 
     def stage_latency(self, groups: Sequence[Sequence[int]]) -> float:
+        """Seconds a stage of concurrent groups takes (each group one stream, in order)."""
         longest = max(sum(self.latency(i) for i in g) for g in groups)
         packed = sum(self.latency(i) * self.demand(i) for g in groups for i in g)
         return max(longest, packed) + self.fork_s * (len(groups) - 1)
+
+    def predict(self, schedule: Any) -> float:
+        """Seconds ``schedule`` takes, by the fluid simulation of the module docstring."""
+        streams = [list(ops) for ops in schedule.stream_ops() if ops]
+        waits: dict[int, list[int]] = {}
+        for u, v in schedule.events:
+            waits.setdefault(v, []).append(u)
+        head = [0] * len(streams)
+        finished: set[int] = set()
+        running: dict[int, float] = {}  # operator -> remaining alone-seconds
+        running_on: dict[int, int] = {}
+        now = 0.0
+        while True:
+            for s, ops in enumerate(streams):
+                if s in running_on.values() or head[s] >= len(ops):
+                    continue
+                op = ops[head[s]]
+                if all(u in finished for u in waits.get(op, ())):
+                    running[op] = self.latency(op)
+                    running_on[op] = s
+            if not running:
+                break
+            load = sum(self.demand(op) for op in running)
+            rate = 1.0 / max(1.0, load)
+            first = min(running, key=running.__getitem__)
+            step = running[first] / rate
+            now += step
+            for op in list(running):
+                running[op] -= step * rate
+                if op == first or running[op] <= 1e-12:
+                    del running[op]
+                    head[running_on.pop(op)] += 1
+                    finished.add(op)
+        return now + self.fork_s * (len(streams) - 1)

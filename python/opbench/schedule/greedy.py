@@ -7,18 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ir.dag import levels
 from .base import Schedule, Scheduler, from_stages
-
-
-def levels(graph: Any) -> list[list[int]]:
-    """Operators grouped by longest path from the inputs (ASAP levels)."""
-    level = [0] * len(graph)
-    for v in range(len(graph)):
-        level[v] = max((level[u] + 1 for u in graph.preds(v)), default=0)
-    out: list[list[int]] = [[] for _ in range(max(level, default=-1) + 1)]
-    for v, lv in enumerate(level):
-        out[lv].append(v)
-    return out
 
 
 class Greedy(Scheduler):

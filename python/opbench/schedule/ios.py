@@ -5,7 +5,7 @@
 # latency(stage E). A stage runs the weakly connected components of E as groups, one stream each
 # ("concurrent" strategy), pruned to at most r operators per group and s groups per stage (IOS
 # defaults r=3, s=8). Stage latency comes from a cost function (memoised), e.g. measured stage
-# times or the CostModel. Stages then run one after another.
+# times or the SchedulingCost. Stages then run one after another.
 """IOS dynamic-programming scheduling."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import Schedule, Scheduler, from_stages, reach_bits
-from .cost import CostModel
+from ..ir.dag import reach_bits
+from .base import Schedule, Scheduler, from_stages
+from .cost import SchedulingCost
 
 
 def split_blocks(graph: Any, max_block: int) -> list[list[int]]:
@@ -65,14 +66,36 @@ def components(ops: list[int], graph: Any) -> list[list[int]]:
 
 
 class IOS(Scheduler):
+    """IOS's dynamic programme (see the module comment).
+
+    Parameters
+    ----------
+    r, s:
+        At most ``r`` operators per group and ``s`` groups per stage.
+    max_block:
+        Blocks longer than this are cut in topological chunks.
+    time_limit_s:
+        Past this, remaining states take one operator per stage.
+    stage_cost:
+        ``stage_cost(groups) -> seconds``, used instead of the cost given to :meth:`schedule`
+        (e.g. measured stages, ``opbench.profile.schedule.measured_stage_cost``).
+    name:
+        The schedule's name (default ``ios``).
+    """
+
     name = "ios"
 
-    def __init__(self, r: int = 3, s: int = 8, max_block: int = 16, time_limit_s: float = 100.0) -> None:
+    def __init__(self, r: int = 3, s: int = 8, max_block: int = 16, time_limit_s: float = 100.0,
+                 stage_cost: Callable[[list[list[int]]], float] | None = None, name: str | None = None) -> None:
         self.r, self.s, self.max_block, self.time_limit_s = r, s, max_block, time_limit_s
+        self.stage_cost = stage_cost
+        if name:
+            self.name = name
 
-    def schedule(self, graph: Any, cost: CostModel | Callable[[list[list[int]]], float] | None = None) -> Schedule:
-        stage_cost = cost.stage_latency if isinstance(cost, CostModel) else cost
-        stage_cost = stage_cost or CostModel(graph).stage_latency
+    def schedule(self, graph: Any, cost: SchedulingCost | Callable[[list[list[int]]], float] | None = None) -> Schedule:
+        """The DP's schedule of ``graph``; stage latency from ``stage_cost``, else ``cost``."""
+        stage_cost = self.stage_cost or (cost.stage_latency if isinstance(cost, SchedulingCost) else cost)
+        stage_cost = stage_cost or SchedulingCost(graph).stage_latency
         memo_stage: dict[tuple[int, ...], tuple[float, list[list[int]]]] = {}
 
         def stage(ops: tuple[int, ...]) -> tuple[float, list[list[int]]] | None:
@@ -92,7 +115,8 @@ class IOS(Scheduler):
             total += cost_b
             stages.extend(stage(end)[1] for end in ends)
         return from_stages(self.name, graph, stages,
-                           {"r": self.r, "s": self.s, "predicted_s": total, "stage_evaluations": len(memo_stage)})
+                           {"r": self.r, "s": self.s, "predicted_s": total, "stage_evaluations": len(memo_stage),
+                            "timed_out": time.perf_counter() > deadline})
 
     def _solve_block(self, graph: Any, block: list[int], stage: Callable[[tuple[int, ...]], Any],
                      stage_cost: Callable[[list[list[int]]], float],

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .base import Schedule, Scheduler, transitive_reduction
+from ..ir.dag import transitive_reduction
+from .base import Schedule, Scheduler
 
 
 def hopcroft_karp(n: int, adj: list[list[int]]) -> list[int]:

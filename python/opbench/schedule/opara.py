@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Schedule, Scheduler, cross_stream_events, reach_bits
-from .cost import CostModel
+from ..ir.dag import reach_bits
+from .base import Schedule, Scheduler, cross_stream_events
+from .cost import SchedulingCost
 
 
 def allocate_streams(graph: Any, max_streams: int) -> list[int]:
@@ -43,7 +44,7 @@ def allocate_streams(graph: Any, max_streams: int) -> list[int]:
     return stream_of
 
 
-def launch_order(graph: Any, cost: CostModel) -> list[int]:
+def launch_order(graph: Any, cost: SchedulingCost) -> list[int]:
     """Opara's Alg. 2: alternate memory- and compute-bound ready queues, smallest demand first."""
     n = len(graph)
     missing = [len(graph.preds(v)) for v in range(n)]
@@ -72,8 +73,8 @@ class Opara(Scheduler):
         self.max_streams = max(1, max_streams)
         self.reorder = reorder
 
-    def schedule(self, graph: Any, cost: CostModel | None = None) -> Schedule:
+    def schedule(self, graph: Any, cost: SchedulingCost | None = None) -> Schedule:
         stream_of = allocate_streams(graph, self.max_streams)
-        order = launch_order(graph, cost or CostModel(graph)) if self.reorder else list(range(len(graph)))
+        order = launch_order(graph, cost or SchedulingCost(graph)) if self.reorder else list(range(len(graph)))
         return Schedule(self.name, stream_of, order, cross_stream_events(graph, stream_of), None,
                         {"max_streams": self.max_streams, "reorder": self.reorder})

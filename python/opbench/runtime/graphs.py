@@ -1,0 +1,104 @@
+"""CUDA Graph capture: the one helper behind the executor, the co-run profiler and the timers.
+
+Every capture in OpBench goes through :func:`capture_graph`:
+
+1. warm-up: ``launch`` runs once (or ``warmup`` times) on a side stream that waits on the current
+   one, outside any capture (lazy kernel loading, cuDNN heuristics, allocator growth);
+2. capture: ``launch`` runs again inside ``torch.cuda.graph``; it receives the capture stream and
+   launches on it, or forks onto worker streams with :func:`fork_join`;
+3. a capture that recorded no work (every launch was a view or an alias) is known as such:
+   PyTorch's "The CUDA Graph is empty" warning is caught here, the graph is dropped, and replaying
+   the result does nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
+
+
+class CapturedGraph:
+    """A captured CUDA Graph (or nothing, when the capture recorded no work).
+
+    Attributes
+    ----------
+    graph:
+        The ``torch.cuda.CUDAGraph``; ``None`` when the capture was empty.
+    result:
+        What ``launch`` returned during the capture (e.g. the static outputs of a module).
+    """
+
+    def __init__(self, graph: Any, result: Any = None) -> None:
+        self.graph = graph
+        self.result = result
+
+    @property
+    def empty(self) -> bool:
+        """True when the capture recorded no kernel, copy or memset."""
+        return self.graph is None
+
+    def replay(self) -> None:
+        """Launch the captured work (nothing for an empty capture)."""
+        if self.graph is not None:
+            self.graph.replay()
+
+
+def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = None) -> CapturedGraph:
+    """Warm ``launch`` up on a side stream, then capture it in a CUDA Graph.
+
+    Parameters
+    ----------
+    launch:
+        Called with the stream to launch on (a ``torch.cuda.Stream``); its return value is kept
+        from the capture as :attr:`CapturedGraph.result`.
+    warmup:
+        Untimed runs on a side stream before capture (at least one).
+    pool:
+        A memory pool handle (``torch.cuda.graph_pool_handle()``) to share with other graphs.
+    """
+    import torch
+
+    origin = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(origin)
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            launch(side)
+    origin.wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(graph, pool=pool):
+            result = launch(torch.cuda.current_stream())
+    empty = False
+    for w in caught:
+        if EMPTY_GRAPH_WARNING in str(w.message):
+            empty = True
+        else:  # not ours to hide
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    torch.cuda.synchronize()
+    return CapturedGraph(None if empty else graph, result)
+
+
+def fork_join(origin: Any, streams: Sequence[Any], body: Callable[[], None]) -> None:
+    """Run ``body`` with ``streams`` forked from ``origin`` and joined back into it.
+
+    ``origin`` records an event that every stream waits on before ``body`` launches anything, and
+    waits on an event recorded on every stream afterwards, so that inside a capture all work on
+    ``streams`` belongs to the graph, and outside one ``origin`` is ordered after it.
+    """
+    import torch
+
+    fork = torch.cuda.Event()
+    fork.record(origin)
+    for stream in streams:
+        stream.wait_event(fork)
+    body()
+    for stream in streams:
+        join = torch.cuda.Event()
+        join.record(stream)
+        origin.wait_event(join)

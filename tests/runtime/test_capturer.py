@@ -1,0 +1,148 @@
+"""capturer and optimize on the CPU: the baseline decision with a fake timer, the returned callables,
+the fast mode, schedule reuse and refusal, and the argument order."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from opbench import OpBenchError
+from opbench.parallel import FAST_SCHEDULERS, CapturedModel, CapturedSchedule, capturer, optimize
+from opbench.schedule import Schedule
+
+torch = pytest.importorskip("torch")
+
+
+class Inception(torch.nn.Module):
+    """Four independent branches on one input (IOS's and Opara's favourite shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 4, 1)
+        self.b = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.c = torch.nn.Conv2d(3, 4, 5, padding=2)
+        self.d = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x)), torch.relu(self.c(x)),
+                          torch.sigmoid(self.d(x))], dim=1)
+
+
+@pytest.fixture(scope="module")
+def model_and_input():
+    torch.manual_seed(0)
+    return Inception().eval(), torch.randn(1, 3, 10, 10)
+
+
+def fake_timer(times_ms: dict[str, float], default_ms: float):
+    """A timer that calls the run once (so outputs exist) and reports a fixed time per row label."""
+    def timer(label, run):
+        run()
+        return [times_ms.get(label, default_ms) / 1e3] * 3
+    return timer
+
+
+def test_baseline_wins_returns_the_model_as_is(model_and_input, caplog):
+    model, x = model_and_input
+    with caplog.at_level(logging.INFO, logger="opbench"):
+        run = capturer([x], model, timer=fake_timer({"model, eager": 1.0}, 0.99))  # 1% better: not enough
+    assert isinstance(run, CapturedModel) and run.schedule is None
+    assert run.table[0]["schedule"] == "model, eager" and run.table[0]["kept"]
+    assert sum(r["kept"] for r in run.table) == 1
+    assert "keeping the model as it is" in caplog.text
+    other = torch.randn_like(x)
+    with torch.no_grad():
+        torch.testing.assert_close(run(other), model(other), rtol=0, atol=0)
+
+
+def test_schedule_that_wins_is_captured(model_and_input):
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "greedy": 0.9, "nimble": 0.5, "opara": 0.7}
+    run = capturer([x], model, mode="exhaustive", timer=fake_timer(times, 1.0))
+    assert isinstance(run, CapturedSchedule) and run.schedule.name == "nimble"
+    kept = [r for r in run.table if r["kept"]]
+    assert [r["schedule"] for r in kept] == ["nimble"] and kept[0]["vs_model"] == pytest.approx(2.0)
+    other = torch.randn_like(x)
+    with torch.no_grad():
+        expected = model(other)
+    out = run(other)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not out.requires_grad  # the exported weights are plain tensors, nothing is recorded for autograd
+
+
+def test_fast_mode_measures_only_the_best_predicted(model_and_input):
+    model, x = model_and_input
+    run = capturer([x], model, timer=fake_timer({}, 1.0))
+    names = [r["schedule"] for r in run.table]
+    assert names == ["model, eager", *FAST_SCHEDULERS]  # every fast scheduler is scheduled and predicted
+    measured = [r["schedule"] for r in run.table if r["measured"]]
+    assert measured[:2] == ["model, eager", "sequential"] and 3 <= len(measured) <= 4
+    assert all(r["predicted_ms"] > 0 for r in run.table[1:])
+    predicted = {r["schedule"]: r["predicted_ms"] for r in run.table[2:]}
+    skipped = [r["schedule"] for r in run.table[2:] if not r["measured"]]
+    assert all(predicted[s] >= max(predicted[m] for m in measured[2:]) for s in skipped)
+    # named schedulers are all measured
+    run = capturer([x], model, schedulers=["sequential", "ios"], timer=fake_timer({}, 1.0))
+    assert [r["schedule"] for r in run.table if r["measured"]] == ["model, eager", "sequential", "ios"]
+
+
+def test_schedule_reuse_and_refusal(model_and_input, tmp_path):
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "opara": 0.5}
+    plan = optimize([x], model, schedulers=["sequential", "opara"], timer=fake_timer(times, 1.0))
+    assert plan.name == "opara" and plan.meta["beats_model"] and len(plan.meta["graph"]) == 32
+    path = tmp_path / "kept.json"
+    plan.save(path)
+    run = capturer([x], model, schedule=str(path), timer=fake_timer(times, 1.0))
+    assert [r["schedule"] for r in run.table] == ["model, eager", "sequential", "opara"]
+    assert run.table[1]["scheduling_ms"] == 0.0 and run.schedule.stream_of == plan.stream_of
+
+    class Other(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    with pytest.raises(OpBenchError, match="was made for another graph"):
+        capturer([x], Other(), schedule=path)
+    bare = Schedule.from_dict({k: v for k, v in plan.to_dict().items() if k != "meta"})
+    with pytest.raises(OpBenchError, match="carries no graph fingerprint"):
+        optimize([x], model, schedule=bare)
+
+
+def test_inputs_come_first(model_and_input):
+    model, x = model_and_input
+    with pytest.raises(OpBenchError, match=r"optimize takes \(inputs, model\)"):
+        optimize(model, [x])
+    with pytest.raises(OpBenchError, match=r"capturer takes \(inputs, model\)"):
+        capturer(model, x)
+    with pytest.raises(OpBenchError, match="unknown mode 'quick'"):
+        capturer(x, model, mode="quick")  # one tensor is accepted as the inputs
+
+
+def test_torch_backend_traces_with_fx_or_export(model_and_input):
+    from opbench.parallel import TorchBackend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    model, x = model_and_input
+    fx = TorchBackend(model, [x], trace="auto")
+    exported = TorchBackend(model, [x], trace="export")
+    assert fx.trace == "fx" and exported.trace == "export"
+    kinds = sorted(n.kind for n in fx.graph)
+    assert kinds.count("conv2d") == 4 and "cat" in kinds  # module calls as the user wrote them
+    convs = [n for n in fx.graph if n.kind == "conv2d"]
+    assert {n.flops for n in convs} >= {2.0 * 4 * 10 * 10 * 3 * 3 * 3}  # the 3x3 convolution
+    for backend in (fx, exported):
+        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run([x])[0]
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    # fx cannot trace a TransformerEncoder: auto falls back to torch.export
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    seq = torch.randn(1, 5, 16)
+    backend = TorchBackend(encoder, [seq], trace="auto")
+    assert backend.trace == "export"
+    with pytest.raises(OpBenchError, match="torch.fx could not trace TransformerEncoder"):
+        TorchBackend(encoder, [seq], trace="fx")
+    with pytest.raises(OpBenchError, match="unknown trace 'jit'"):
+        TorchBackend(encoder, [seq], trace="jit")
