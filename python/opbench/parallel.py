@@ -299,13 +299,16 @@ def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
 
 
 def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -> SchedulingCost:
-    """The schedulers' cost for ``backend``: ``latencies``, its kernel resources, its device's figures."""
-    device = None
-    if backend.is_cuda:
-        from .profile.cuda import device_figures
+    """The schedulers' cost for ``backend``: ``latencies``, its kernel resources, its device's figures
+    (on the CPU: every operator fills one core, every extra thread costs 0.1 ms)."""
+    if not backend.is_cuda:  # threads on cores: an untuned kernel fills one core; a thread costs ~0.1 ms
+        import os
 
-        device = device_figures()
-    return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device)
+        cores = max(1, os.cpu_count() or 1)
+        return SchedulingCost(backend.graph, latencies, backend.resources, demand=1.0 / cores, fork_s=1e-4)
+    from .profile.cuda import device_figures
+
+    return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device_figures())
 
 
 def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:

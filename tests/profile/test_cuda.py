@@ -60,7 +60,7 @@ def _collected(cuda_target, model="ios_block", corun=0):
 
 
 def test_resources_match_tir(cuda_target):
-    from opbench.runtime.cuda import launch_extents
+    from opbench.runtime.resources import launch_extents
 
     ds, result = _collected(cuda_target)
     rows = result.rows

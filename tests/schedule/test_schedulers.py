@@ -148,6 +148,8 @@ def test_predicted_schedule_latency_known_answers():
     assert half.predict(Sequential().schedule(FORK3)) == pytest.approx(5e-3)
     # three branches at half the GPU each share it: 1.5 ms for the middle, 3.5 ms in all
     assert half.predict(Greedy().schedule(FORK3)) == pytest.approx(3.5e-3)
+    cores = SchedulingCost(FORK3, [1e-3] * 5, demand=0.5, fork_s=0.0)  # two cores, one per kernel
+    assert cores.predict(Greedy().schedule(FORK3)) == pytest.approx(3.5e-3)
     full = SchedulingCost(FORK3, [1e-3] * 5, {}, sm_count=1, threads_per_sm=1, fork_s=0.0)
     assert full.demand(1) == 1.0  # a GPU-filling operator gains nothing from a second stream
     assert full.predict(Greedy().schedule(FORK3)) == pytest.approx(5e-3)

@@ -158,7 +158,7 @@ class CudaProfiler(Profiler):
     # resources ---------------------------------------------------------------------------
     def resources(self, kernels: OperatorKernels) -> dict[int, dict[str, Any]]:
         """Kernel resources of every operator, by operator index (empty if unavailable)."""
-        from ..runtime.cuda import kernel_resources
+        from ..runtime.resources import kernel_resources
 
         built = kernels.built
         funcs = sorted({n.func for n in kernels.graph})

@@ -195,9 +195,22 @@ def from_stages(name: str, graph: DAG, stages: list[list[list[int]]], meta: dict
 
 
 class Scheduler:
-    """Base class of a scheduling policy; subclasses set ``name`` and implement :meth:`schedule`."""
+    """Base class of a scheduling policy; subclasses set ``name`` and implement :meth:`schedule`.
+
+    A subclass's module docstring states its algorithm, step by step.
+    """
 
     name = ""
 
     def schedule(self, graph: Any, cost: Any = None) -> Schedule:
+        """A valid schedule of ``graph`` (operators in topological order).
+
+        Parameters
+        ----------
+        graph:
+            Anything with ``len``, ``preds`` and ``succs`` (an ``OpGraph``).
+        cost:
+            A ``SchedulingCost`` (or, for IOS, a stage-cost callable); policies that need none
+            ignore it.
+        """
         raise NotImplementedError

@@ -42,12 +42,16 @@ class SchedulingCost:
         The device's figures (see :data:`DEFAULT_DEVICE` and :meth:`for_device`).
     launch_s, fork_s:
         Launch overhead per operator (roofline estimate only) and per extra group of a stage.
+    demand:
+        Every operator's share of the device, when it is known without kernel resources (a CPU
+        running single-threaded kernels: one core of all).
     """
 
     def __init__(self, graph: Any, latencies: Sequence[float] | None = None,
                  resources: dict[int, dict[str, Any]] | None = None, sm_count: int = 132,
                  threads_per_sm: int = 2048, peak_flops: float = 67e12, bandwidth: float = 3.35e12,
-                 launch_s: float = 2e-6, fork_s: float = 1.5e-6, ridge: float | None = None) -> None:
+                 launch_s: float = 2e-6, fork_s: float = 1.5e-6, ridge: float | None = None,
+                 demand: float | None = None) -> None:
         self.graph = graph
         self.latencies = list(latencies) if latencies is not None else None
         self.resources = resources or {}
@@ -55,6 +59,7 @@ class SchedulingCost:
         self.peak_flops, self.bandwidth = peak_flops, bandwidth
         self.launch_s, self.fork_s = launch_s, fork_s
         self.ridge = ridge if ridge is not None else peak_flops / bandwidth
+        self.fixed_demand = demand
 
     @classmethod
     def for_device(cls, graph: Any, latencies: Sequence[float] | None = None,
@@ -77,6 +82,8 @@ class SchedulingCost:
 
     def demand(self, i: int) -> float:
         """The fraction of the GPU operator ``i`` fills (0..1)."""
+        if self.fixed_demand is not None:
+            return self.fixed_demand
         res = self.resources.get(i) or {}
         grid, threads, occ = res.get("grid"), res.get("threads"), res.get("occupancy")
         if grid and threads and occ:

@@ -1,7 +1,13 @@
-# Greedy / wavefront: stage i holds the operators whose longest path from the inputs has length i
-# (the ready set once stage i-1 is done). Each stage's operators are dealt round-robin onto at
-# most k streams; stages run one after another, ordered by events on cross-stream edges.
-"""Greedy wavefront scheduling."""
+"""Greedy (wavefront) scheduling.
+
+Algorithm
+---------
+1. Level every operator by its longest path from the inputs (ASAP levels): level i is the ready
+   set once levels 0..i-1 are done.
+2. Each level is a stage; deal its operators round-robin onto at most ``max_streams`` streams.
+3. Run the stages one after another: launch order is level by level, and every cross-stream
+   edge of the transitive reduction gets an event.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,20 @@
-# IOS (Ding et al., MLSys 2021) dynamic programming. The graph is split into blocks at operators
-# every other operator depends on or is depended on by (and blocks longer than max_block are cut
-# in topological chunks). Within a block, state S = operators not yet scheduled; an ending E of S
-# is a subset with no edge from E into S - E; cost[S] = min over endings E of cost[S - E] +
-# latency(stage E). A stage runs the weakly connected components of E as groups, one stream each
-# ("concurrent" strategy), pruned to at most r operators per group and s groups per stage (IOS
-# defaults r=3, s=8). Stage latency comes from a cost function (memoised), e.g. measured stage
-# times or the SchedulingCost. Stages then run one after another.
-"""IOS dynamic-programming scheduling."""
+"""IOS dynamic-programming scheduling (Ding et al., MLSys 2021).
+
+Algorithm
+---------
+1. Split the graph into blocks at operators that every other operator depends on or is depended
+   on by; cut blocks longer than ``max_block`` in topological chunks.
+2. Within a block, a state S is the set of operators not yet scheduled; an ending E of S is a
+   non-empty subset with no edge from E into S - E.
+3. cost[S] = min over endings E of cost[S - E] + latency(stage E), memoised; cost[{}] = 0.
+4. A stage runs the weakly connected components of E as groups, one stream each (IOS's
+   "concurrent" strategy), pruned to at most r operators per group and s groups per stage (IOS's
+   defaults r=3, s=8).
+5. Stage latency comes from a cost function, memoised: the scheduling cost's prediction, measured
+   stage times, or any callable.
+6. Past the time limit, the remaining states take one operator per stage.
+7. The stages run one after another; cross-stream edges get events.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,15 @@
-# Nimble stream assignment (Kwon et al., NeurIPS 2020): take the transitive reduction of the DAG,
-# build the bipartite graph with an edge u_out -> v_in per reduced edge, and find a maximum
-# matching (Hopcroft-Karp). Matched edges chain operators into streams: the number of streams is
-# |V| - |M| (a minimum path cover) and only unmatched reduced edges need events (minimum
-# synchronisation). Launch order is topological.
-"""Nimble scheduling."""
+"""Nimble stream assignment (Kwon et al., NeurIPS 2020).
+
+Algorithm
+---------
+1. Take the transitive reduction of the DAG.
+2. Build the bipartite graph with an edge u_out -> v_in per reduced edge.
+3. Find a maximum matching (Hopcroft-Karp).
+4. Matched edges chain operators into streams: the number of streams is |V| - |M| (a minimum path
+   cover).
+5. Only unmatched reduced edges need events (minimum synchronisation); launch order is
+   topological.
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,24 @@
-# Opara (Chen et al., 2023). Alg. 1, stream allocation: visit operators in topological order; an
-# operator takes the stream of its first predecessor that has not yet handed its stream to another
-# successor (and marks it handed); otherwise it reuses a stream whose last operator is one of its
-# ancestors (that stream is finished for it), otherwise it opens a new stream up to a cap, otherwise
-# it joins the stream whose last operator came earliest. Every cross-stream edge (of the transitive
-# reduction) becomes an event. Alg. 2, launch order: keep two ready queues, memory-bound and
-# compute-bound operators (arithmetic intensity FLOPs/bytes against the ridge point), alternate
-# between them, and from the chosen queue launch the ready operator with the smallest resource
-# demand (shared memory, threads in flight, registers, from the compiled kernel where known).
-"""Opara scheduling."""
+"""Opara scheduling (Chen et al., 2023): stream allocation and resource-aware launch order.
+
+Algorithm 1, stream allocation
+------------------------------
+1. Visit operators in topological order.
+2. An operator takes the stream of its first predecessor that has not yet handed its stream to
+   another successor (and marks it handed);
+3. else it reuses a stream whose last operator is one of its ancestors (that stream is finished
+   for it);
+4. else it opens a new stream, up to a cap;
+5. else it joins the stream whose last operator came earliest.
+6. Every cross-stream edge of the transitive reduction becomes an event.
+
+Algorithm 2, launch order
+-------------------------
+1. Keep two ready queues: memory-bound and compute-bound operators (arithmetic intensity,
+   FLOPs per byte, against the device's ridge point).
+2. Alternate between the queues.
+3. From the chosen queue launch the ready operator with the smallest resource demand (shared
+   memory, threads in flight, registers, from the compiled kernel where known).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
-# Sequential: every operator on one stream, in topological (program) order. No events. The
-# baseline every parallel schedule must beat, and the fallback when none does.
-"""Sequential scheduling."""
+"""Sequential scheduling: the baseline every parallel schedule must beat, and the fallback.
+
+Algorithm
+---------
+1. Put every operator on stream 0.
+2. Launch in topological (program) order.
+3. No events (one stream orders everything).
+"""
 
 from __future__ import annotations
 

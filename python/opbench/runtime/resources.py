@@ -1,4 +1,4 @@
-"""CUDA wrappers: kernel resources from the driver API, launch extents from TIR, L2 size.
+"""Kernel resources of compiled CUDA kernels: from the driver API, launch extents from TIR, L2 size.
 
 Resources are read the way Opara's launch order needs them: for each kernel of an operator, its
 grid and block, registers per thread, static and dynamic shared memory, and the occupancy the
