@@ -20,11 +20,9 @@ Results go to ``OUT/bench_capturer.json`` after every model, and a table is prin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 DEFAULT = "googlenet,inception_v3,squeezenet_v1.0,resnet-18,encoder-4x256,encoder-12x768,bert"
@@ -172,18 +170,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"environment": environment(), "settings": vars(args), "results": []}
+    from bench_parallel import keep_going  # this script's folder is on the path
+
     for name in args.models.split(","):
         for precision in precisions:
-            t = time.perf_counter()
-            try:
-                res = bench_one(name, precision, args)
-            except Exception as err:  # one model's failure is a result too
-                traceback.print_exc()
-                res = {"model": name, "precision": precision, "error": f"{type(err).__name__}: {err}"}
-            res["wall_s"] = time.perf_counter() - t
-            doc["results"].append(res)
-            (out / args.name).write_text(json.dumps(doc, indent=1, default=str))
-            print(table([res]).splitlines()[-1], flush=True)
+            keep_going(doc, {"model": name, "precision": precision}, out / args.name, table,
+                       bench_one, name, precision, args)
     print(table(doc["results"]))
     return 0
 

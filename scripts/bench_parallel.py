@@ -130,6 +130,21 @@ def bench_model(name: str, batch: int, args) -> dict:
     return res
 
 
+def keep_going(doc: dict, label: dict, path: Path, table, run, *args) -> None:
+    """``run(*args)``'s result (or its error: one model's failure is a result too) into
+    ``doc["results"]`` with its wall time; ``doc`` saved to ``path`` and the row printed at once."""
+    t = time.perf_counter()
+    try:
+        res = run(*args)
+    except Exception as err:
+        traceback.print_exc()
+        res = {**label, "error": f"{type(err).__name__}: {err}"}
+    res["wall_s"] = time.perf_counter() - t
+    doc["results"].append(res)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    print(table([res]).splitlines()[-1], flush=True)
+
+
 def environment() -> dict:
     import torch
     import tvm
@@ -205,16 +220,8 @@ def main() -> int:
     doc = {"environment": environment(), "settings": vars(args), "results": []}
     for item in args.models.split(","):
         name, _, batch = item.partition(":")
-        t = time.perf_counter()
-        try:
-            res = bench_model(name, int(batch or 1), args)
-        except Exception as err:  # keep going: one model's failure is a result too
-            traceback.print_exc()
-            res = {"model": name, "batch": int(batch or 1), "error": f"{type(err).__name__}: {err}"}
-        res["wall_s"] = time.perf_counter() - t
-        doc["results"].append(res)
-        (out / args.name).write_text(json.dumps(doc, indent=1, default=str))
-        print(table([res]).splitlines()[-1], flush=True)
+        keep_going(doc, {"model": name, "batch": int(batch or 1)}, out / args.name, table,
+                   bench_model, name, int(batch or 1), args)
     print(table(doc["results"]))
     return 0
 

@@ -416,12 +416,12 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
-            timer: Timer | None, phases: dict[str, float]) -> tuple[TorchBackend, CapturedModel, Schedule,
-                                                                    list[dict[str, Any]], bool]:
+            timer: Timer | None, phases: dict[str, float], merge: bool = False) -> tuple[
+                TorchBackend, CapturedModel, Schedule, list[dict[str, Any]], bool]:
     inputs = _check_order(inputs, model, caller)
     given = _load_schedule(schedule)
     clock = time.perf_counter()
-    backend = TorchBackend(model, inputs, trace="auto")  # torch.fx where it can trace, else torch.export
+    backend = TorchBackend(model, inputs, trace="auto", merge=merge)  # torch.fx where it can, else torch.export
     phases["trace_s"] = time.perf_counter() - clock
     import torch
 
@@ -438,7 +438,7 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None) -> Schedule:
+             number: int = 10, timer: Timer | None = None, merge: bool = False) -> Schedule:
     """The fastest measured schedule of a torch model's ATen kernels (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
@@ -446,7 +446,7 @@ def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     return the captured model).
     """
     _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                                  number, timer, {})
+                                  number, timer, {}, merge)
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -470,7 +470,7 @@ class CapturedSchedule:
 
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None) -> Any:
+             number: int = 10, timer: Timer | None = None, merge: bool = False) -> Any:
     """Opara-style one call: export ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the model itself captured as it is in one CUDA Graph (the baseline) and the
@@ -479,7 +479,9 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     schedule beats the baseline by more than ``tolerance``, else the :class:`CapturedModel` (with the
     reason logged at INFO). Both take the model's inputs, return static outputs, and carry
     ``table`` (every row), ``build_s`` (seconds this call took), ``phases`` (where they went) and
-    ``trace`` (``fx`` or ``export``: how the operators were traced).
+    ``trace`` (``fx`` or ``export``: how the operators were traced). ``merge=True`` first applies
+    IOS's merge: convolutions that read the same input with the same kernel size, stride, padding
+    and dilation run as one convolution whose output is split (``TorchBackend(merge=True)``).
     Every measured row is ``repeat`` samples of ``number`` runs (the median is compared).
 
     A model that cannot be exported is run unscheduled (``model`` itself) with a warning.
@@ -488,7 +490,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     phases: dict[str, float] = {}
     try:
         backend, baseline, plan, rows, single = _select(inputs, model, "capturer", schedulers, mode, schedule,
-                                                        tolerance, repeat, number, timer, phases)
+                                                        tolerance, repeat, number, timer, phases, merge)
     except OpBenchError as err:
         if not str(err).startswith("torch.export failed"):
             raise

@@ -146,3 +146,39 @@ def test_torch_backend_traces_with_fx_or_export(model_and_input):
         TorchBackend(encoder, [seq], trace="fx")
     with pytest.raises(OpBenchError, match="unknown trace 'jit'"):
         TorchBackend(encoder, [seq], trace="jit")
+
+
+@pytest.mark.parametrize("trace", ["fx", "export"])
+def test_merge_known_answer_on_the_ios_block(trace):
+    """IOS's sample block: three 3x3 convolutions read the input (one feeds a fourth), then a concat.
+    Merged, the three become one convolution whose output is split; every schedule's output equals
+    the model's."""
+    from opbench.parallel import TorchBackend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import SCHEDULERS, get_scheduler
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.d = (torch.nn.Conv2d(8, 8, 3, padding=1) for _ in range(4))
+            self.e = torch.nn.Conv2d(8, 8, 1)  # another kernel size: not merged with them
+
+        def forward(self, x):
+            return torch.cat([self.a(x), self.b(x), self.d(self.c(x)), self.e(x)], dim=1)
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 8, 10, 10)
+    plain = TorchBackend(model, [x], trace=trace)
+    merged = TorchBackend(model, [x], trace=trace, merge=True)
+    assert len(merged.graph) == len(plain.graph) - 2
+    node = next(n for n in merged.graph if n.attrs.get("merged"))
+    assert node.attrs == {"merged": 3, "out_channels": [8, 8, 8]} and len(node.output_shapes) == 3
+    assert node.flops == pytest.approx(sum(n.flops for n in plain.graph if n.kind == "conv2d") -
+                                       2 * 8 * 10 * 10 * 8 * 3 * 3 - 2 * 8 * 10 * 10 * 8)  # all but d and e
+    consumers = [n for n in merged.graph if node.index in merged.graph.preds(n.index)]
+    assert {a.item for n in consumers for a in n.args if a.index == node.index} == {0, 1, 2}
+    with torch.no_grad():
+        expected = model(x)
+    for name in SCHEDULERS:
+        out = ParallelExecutor(merged, get_scheduler(name).schedule(merged.graph)).run([x])[0]
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

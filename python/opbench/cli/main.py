@@ -200,6 +200,9 @@ def _add_compare(sub: Any) -> None:
                                    "threads on CPU) and print latency, speedup and output error.")
     _add_model_flags(p)
     p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
+    p.add_argument("--merge", action="store_true",
+                   help="--backend torch: IOS's merge first (convolutions reading the same input with the same "
+                        "kernel size, stride, padding and dilation run as one, their output split)")
     _add_database_flag(p)
     p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
@@ -699,6 +702,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
+    if args.merge and args.backend != "torch":
+        raise OpBenchError("--merge needs --backend torch (merged TVM kernels are not built)")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.schedule:  # a bad file fails before any work
@@ -724,7 +729,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         device = "cuda" if is_gpu(target) else "cpu"
         module = workload.torch_module.to(device)
         inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(args.seed)]
-        backend = TorchBackend(module, inputs)
+        backend = TorchBackend(module, inputs, merge=args.merge)
         baseline = CapturedModel(module, inputs)
     table = _compare(backend, args, baseline)
     if args.json:

@@ -159,7 +159,8 @@ class TorchBackend(KernelBackend):
 
     name = "torch"
 
-    def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False, trace: str = "export") -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False, trace: str = "export",
+                 merge: bool = False) -> None:
         import torch
 
         if trace not in TRACERS:
@@ -171,6 +172,8 @@ class TorchBackend(KernelBackend):
         self._overrides: dict[Any, tuple[Any, ...]] = {}
         self._aliases: set[Any] = set()
         self._modules: dict[Any, Any] = {}
+        self._merged: dict[Any, tuple[Any, ...]] = {}  # representative -> (members, input, weight, bias, conv args)
+        self._merged_into: dict[Any, tuple[Any, int]] = {}  # member -> (representative, output item)
         device = inputs[0].device if inputs and hasattr(inputs[0], "device") else torch.device("cpu")
         self.is_cuda = device.type == "cuda"
         self.env: dict[Any, Any] = {}
@@ -192,6 +195,8 @@ class TorchBackend(KernelBackend):
         self.ops = [n for n in graph.nodes if n.op in ("call_function", "call_module", "call_method")]
         if fold_bn:
             self._fold_batchnorm()
+        if merge:
+            self._merge_siblings()
         out_node = next(n for n in graph.nodes if n.op == "output")
         self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
         self.graph = OpGraph(self._nodes(), [(p.name, tuple(self.env[p].shape), str(self.env[p].dtype))
@@ -244,11 +249,72 @@ class TorchBackend(KernelBackend):
         for node, x in zip(self.placeholders, inputs, strict=True):
             self.env[node] = x.detach().clone()
 
+    def _conv_spec(self, node: Any) -> tuple[Any, ...] | None:
+        """(input node, weight, bias, stride, padding, dilation) of a plain 2-D convolution (one group,
+        zero padding given as numbers, weights constant), else None."""
+        import torch.fx as fx
+
+        torch = self.torch
+        pair = torch.nn.modules.utils._pair
+        if node.op == "call_module":
+            m = self._modules[node]
+            if (type(m) is not torch.nn.Conv2d or m.groups != 1 or m.padding_mode != "zeros"
+                    or isinstance(m.padding, str) or len(node.args) != 1 or node.kwargs):
+                return None
+            bias = m.bias.detach() if m.bias is not None else None
+            return node.args[0], m.weight.detach(), bias, pair(m.stride), pair(m.padding), pair(m.dilation)
+        if node.op != "call_function" or node.target != torch.ops.aten.conv2d.default or node.kwargs:
+            return None
+        given = list(self._overrides.get(node, node.args))
+        args = given + [None, 1, 0, 1, 1][len(given) - 2:]  # aten.conv2d's defaults after the weight
+        x, weight, bias, stride, padding, dilation, groups = args[:7]
+        value = (lambda a: self.env.get(a, a) if isinstance(a, fx.Node) else a)  # noqa: E731
+        weight, bias = value(weight), value(bias)
+        if groups != 1 or isinstance(padding, str) or isinstance(weight, fx.Node) or isinstance(bias, fx.Node):
+            return None
+        return x, weight, bias, pair(stride), pair(padding), pair(dilation)
+
+    def _merge_siblings(self) -> None:
+        """IOS's merge: convolutions that read the same input with the same kernel size, stride,
+        padding and dilation become one convolution on their concatenated weights, whose output is
+        split (channel views) among them. The merged call takes the first member's place."""
+        groups: dict[tuple[Any, ...], list[Any]] = {}
+        for node in self.ops:
+            spec = self._conv_spec(node)
+            if spec is None:
+                continue
+            x, weight, bias, stride, padding, dilation = spec
+            key = (x, tuple(weight.shape[1:]), weight.dtype, bias is None, stride, padding, dilation)
+            groups.setdefault(key, []).append((node, spec))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            nodes = [n for n, _ in members]
+            specs = [sp for _, sp in members]
+            weight = self.torch.cat([sp[1] for sp in specs], dim=0)
+            bias = None if specs[0][2] is None else self.torch.cat([sp[2] for sp in specs], dim=0)
+            splits = [int(sp[1].shape[0]) for sp in specs]
+            self._merged[nodes[0]] = (nodes, specs[0][0], weight, bias, specs[0][3:], splits)
+            for k, node in enumerate(nodes):
+                self._merged_into[node] = (nodes[0], k)
+        gone = {n for n in self._merged_into if n not in self._merged}
+        self.ops = [n for n in self.ops if n not in gone]
+
     def _nodes(self) -> list[OpNode]:
         """One ``OpNode`` per launched call, with shapes, dtypes, FLOPs and bytes from the trace."""
         index = {n: i for i, n in enumerate(self.ops)}
+
+        def ref(a: Any) -> ArgRef | None:
+            if a in self._merged_into:
+                rep, item = self._merged_into[a]
+                return ArgRef("node", index[rep], item)
+            return ArgRef("node", index[a]) if a in index else None
+
         nodes = []
         for i, n in enumerate(self.ops):
+            if n in self._merged:
+                nodes.append(self._merged_node(i, n, ref))
+                continue
             outs = _meta_tensors(n)
             ins = list(n.all_input_nodes)
             in_vals = [v for a in ins for v in _meta_tensors(a)[:1]]
@@ -264,13 +330,28 @@ class TorchBackend(KernelBackend):
                 func = str(n.target) if str(n.target).startswith("aten.") else func
                 kind = func.split(".")[1] if func.startswith("aten.") else func
                 flops = _torch_flops(func, n, shapes[0] if shapes else ())
-            args = [ArgRef("node", index[a]) for a in ins if a in index]
+            args = [r for r in (ref(a) for a in ins) if r is not None]
             nodes.append(OpNode(index=i, func=func, task=func, kind=kind, ops=[func], attrs={}, args=args,
                                 input_shapes=[tuple(v.shape) for v in in_vals],
                                 input_dtypes=[str(v.dtype) for v in in_vals], output_shapes=shapes,
                                 output_dtypes=[str(v.dtype) for v in outs], flops=flops, bytes=moved,
                                 var_name=n.name))
         return nodes
+
+    def _merged_node(self, i: int, rep: Any, ref: Any) -> OpNode:
+        members, x, weight, bias, conv, splits = self._merged[rep]
+        outs = [v for m in members for v in _meta_tensors(m)[:1]]
+        in_vals = _meta_tensors(x)[:1]
+        shapes = [tuple(v.shape) for v in outs]
+        flops = 2.0 * sum(_numel(s) for s in shapes) * _numel(weight.shape[1:])
+        moved = sum(_numel(v.shape) * _itemsize(v.dtype) for v in outs + in_vals)
+        func = f"merged_conv2d:{'+'.join(m.name for m in members)}"
+        args = [r for r in [ref(x)] if r is not None]
+        return OpNode(index=i, func=func, task=func, kind="conv2d", ops=["merge"] + [m.name for m in members],
+                      attrs={"merged": len(members), "out_channels": splits}, args=args,
+                      input_shapes=[tuple(v.shape) for v in in_vals], input_dtypes=[str(v.dtype) for v in in_vals],
+                      output_shapes=shapes, output_dtypes=[str(v.dtype) for v in outs], flops=flops, bytes=moved,
+                      var_name=rep.name)
 
     def _fold_batchnorm(self) -> None:
         """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta).
@@ -314,6 +395,12 @@ class TorchBackend(KernelBackend):
         import torch.fx as fx
 
         node = self.ops[index]
+        if node in self._merged:  # one convolution for the merged siblings, its output split among them
+            members, x, weight, bias, (stride, padding, dilation), splits = self._merged[node]
+            out = self.torch.nn.functional.conv2d(self.env[x], weight, bias, stride, padding, dilation)
+            for member, part in zip(members, out.split(splits, dim=1), strict=True):
+                self.env[member] = part
+            return
         if node in self._aliases:  # folded batch norm forwards the convolution's output
             out = self.env[node.args[0]]
             self.env[node] = out if node.target == self.torch.ops.aten.batch_norm.default else (out, None, None)

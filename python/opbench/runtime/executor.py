@@ -23,8 +23,10 @@ from .graphs import CapturedGraph, capture_graph, fork_join
 class ParallelExecutor:
     """Runs one schedule of one backend; :meth:`capture` once, then :meth:`run` or :meth:`replay`."""
 
-    def __init__(self, backend: KernelBackend, schedule: Schedule) -> None:
+    def __init__(self, backend: KernelBackend, schedule: Schedule, priorities: dict[int, int] | None = None) -> None:
+        """``priorities``: CUDA stream priority by stream number (lower is more urgent; default 0)."""
         self.backend = backend
+        self.priorities = priorities or {}
         self.schedule = schedule.validate(backend.graph)
         self.cuda_graph: CapturedGraph | None = None
         self._streams: list[Any] = []
@@ -41,7 +43,7 @@ class ParallelExecutor:
 
         if not self._streams:
             used = max(self.schedule.stream_of, default=0) + 1
-            self._streams = [torch.cuda.Stream() for _ in range(used)]
+            self._streams = [torch.cuda.Stream(priority=self.priorities.get(i, 0)) for i in range(used)]
         used_streams = [self._streams[s] for s in sorted(set(self.schedule.stream_of))]
 
         def body() -> None:
