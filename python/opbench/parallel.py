@@ -145,7 +145,7 @@ class CapturedModel:
         return self.run_once()
 
 
-def _row(name: str, latency_ms: float, error: float, sched_error: float | None, scheduling_ms: float,
+def _row(name: str, latency_ms: float | None, error: float | None, sched_error: float | None, scheduling_ms: float,
          predicted_ms: float | None, plan: Schedule | None, streams: int, events: int) -> dict[str, Any]:
     return {"schedule": name, "streams": streams, "events": events, "latency_ms": latency_ms, "error": error,
             "sched_error": sched_error, "scheduling_ms": scheduling_ms, "predicted_ms": predicted_ms,
@@ -252,7 +252,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     sequential_out: list[np.ndarray] | None = None
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device})
-        row = _row(plan.name, float("nan"), float("nan"), None, seconds * 1e3, predicted[i] * 1e3, plan,
+        row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
                    plan.num_streams, plan.num_events)
         if i in measure:
             executor = ParallelExecutor(backend, plan)

@@ -183,7 +183,7 @@ def _add_schedule_flags(p: Any) -> None:
     g.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
     g.add_argument("--ios-cost", default="model",
                    help="stage cost of the ios scheduler: model (the scheduling cost), measured (every candidate "
-                        "stage captured and timed, memoised), or both (comma-separated: one row each)")
+                        "stage captured and timed, memoised), or model,measured (one row each)")
     g.add_argument("--ios-time-limit", type=_positive_float, default=60.0,
                    help="seconds the ios dynamic programme may search (then one operator per stage)")
     g.add_argument("--stages", action="store_true",
