@@ -276,7 +276,8 @@ def test_format_table_handles_failed_rows():
 def test_compare_stages_and_measured_ios(tmp_path):
     import json
 
-    proc = run("compare", "--modelsource", "simple", "--modelname", "ios_block:channels=8,size=10",
+    # operators of a few ms each: on two cores the ios programme runs the branches concurrently
+    proc = run("compare", "--modelsource", "simple", "--modelname", "ios_block:channels=32,size=24",
                "--schedulers", "sequential,ios", "--ios-cost", "model,measured", "--stages",
                "--compare-repeat", "2", "--compare-number", "2", "--json", str(tmp_path / "c.json"), script=False)
     assert proc.returncode == 0, proc.stderr
