@@ -511,13 +511,21 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
 
 
 def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
-                resources: bool = True, database: Any = None) -> TVMBackend:
+                resources: bool = True, database: Any = None, merge: bool = False) -> TVMBackend:
     """Extract, compile and wrap a workload's TVM kernels as a backend (tuned ones from ``database``,
-    a MetaSchedule database, where it has them)."""
+    a MetaSchedule database, where it has them). ``merge=True`` applies IOS's merge to the Relax
+    module first (:mod:`opbench.ir.merge`)."""
     from .ir import extract_operators
     from .runtime import OperatorKernels, build_module
 
-    lowered, graph = extract_operators(workload.mod, target)
+    mod = workload.mod
+    if merge:
+        from .ir.extract import entry_function
+        from .ir.merge import merge_sibling_convs
+
+        mod, merged = merge_sibling_convs(mod, entry_function(mod))
+        log.info("merge: %d group(s) of sibling convolutions merged", merged)
+    lowered, graph = extract_operators(mod, target)
     kernels = OperatorKernels(graph, build_module(lowered, target, database))
     res = None
     if resources and kernels.device.dlpack_device_type() == 2:

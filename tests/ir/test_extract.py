@@ -130,3 +130,29 @@ def test_pass_on_an_nn_module_export():
     assert last.output_shapes == [(4, 32)] and len(graph.preds(last.index)) >= 1
     _, named = extract_operators(mod, func_name="forward")
     assert [n.func for n in named] == [n.func for n in graph]
+
+
+def test_merge_known_answer_on_the_ios_block():
+    """IOS's merge on its sample block: the three convolutions of the input become one of 24 output
+    channels, sliced; the fourth (on a branch's output) stays; every schedule's output is unchanged."""
+    import numpy as np
+
+    from opbench.ir.merge import merge_sibling_convs, sibling_groups
+    from opbench.parallel import tvm_backend
+    from opbench.runtime import resolve_target
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import SCHEDULERS, get_scheduler
+
+    w = load_workload("simple", "ios_block:channels=8,size=10", 1)
+    assert [len(g) for g in sibling_groups(w.mod["main"])] == [3]
+    merged_mod, count = merge_sibling_convs(w.mod)
+    assert count == 1 and merge_sibling_convs(merged_mod)[1] == 0  # nothing left to merge
+    target = resolve_target("llvm")
+    plain, merged = tvm_backend(w, target), tvm_backend(w, target, merge=True)
+    convs = [n for n in merged.graph if "nn.conv2d" in n.ops]
+    assert len(merged.graph) == 4 and len(convs) == 2
+    assert convs[0].output_shapes == [(1, 24, 10, 10)] and convs[0].input_shapes[1] == (24, 8, 3, 3)
+    expected = ParallelExecutor(plain, get_scheduler("sequential").schedule(plain.graph)).run()[0].numpy().copy()
+    for name in SCHEDULERS:
+        out = ParallelExecutor(merged, get_scheduler(name).schedule(merged.graph)).run()[0].numpy()
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

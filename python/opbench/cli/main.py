@@ -201,8 +201,8 @@ def _add_compare(sub: Any) -> None:
     _add_model_flags(p)
     p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
     p.add_argument("--merge", action="store_true",
-                   help="--backend torch: IOS's merge first (convolutions reading the same input with the same "
-                        "kernel size, stride, padding and dilation run as one, their output split)")
+                   help="IOS's merge first: convolutions reading the same input with the same kernel size, stride, "
+                        "padding and dilation run as one, their output split (TVM: a Relax rewrite before lowering)")
     _add_database_flag(p)
     p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
@@ -702,8 +702,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
-    if args.merge and args.backend != "torch":
-        raise OpBenchError("--merge needs --backend torch (merged TVM kernels are not built)")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.schedule:  # a bad file fails before any work
@@ -719,7 +717,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         applied = _applied(database_dir, workload, target) if database_dir else None
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         backend = tvm_backend(workload, target, workload.example_inputs(args.seed),
-                              database=applied.database if applied else None)
+                              database=applied.database if applied else None, merge=args.merge)
     else:
         if workload.torch_module is None:
             raise OpBenchError(f"--backend torch needs a torch model; source '{workload.source}' has none "
