@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import OpBenchError
-from .profile.schedule import alone_times, median, operator_times, time_ops
+from .profile.schedule import Timer, alone_times, default_timer, median, operator_times, time_ops
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
 from .runtime.executor import ParallelExecutor
 from .runtime.graphs import capture_graph
@@ -46,9 +46,6 @@ MODES = ("fast", "exhaustive")
 #: the name of the baseline row: the user's module captured as it is
 MODEL_ROW = "model, CUDA Graph"
 MODEL_ROW_EAGER = "model, eager"
-
-#: ``timer(label, run)`` -> seconds per call of ``run``, samples (``label`` names the row)
-Timer = Callable[[str, Callable[[], Any]], list[float]]
 
 
 def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
@@ -79,15 +76,6 @@ def device_name(backend: KernelBackend) -> str:
 
         return torch.cuda.get_device_name(0)
     return "cpu"
-
-
-def default_timer(is_cuda: bool, repeat: int, number: int) -> Timer:
-    """CUDA events around ``number`` back-to-back calls on the GPU, the host clock on the CPU."""
-    from .profile.timer import cuda_event_samples, wall_samples
-
-    if is_cuda:
-        return lambda label, run: cuda_event_samples(run, repeat, number)
-    return lambda label, run: wall_samples(run, repeat, max(1, number // 10), warmup=1)
 
 
 class CapturedModel:

@@ -599,6 +599,9 @@ def _load(args: argparse.Namespace) -> Any:
                              max_download_mb=args.max_download_mb)
 
 
+IOS_COSTS = ("model", "measured")
+
+
 def _scheduler_names(args: argparse.Namespace) -> list[str]:
     """``--schedulers`` checked (unknown names fail before any work), sequential first."""
     from ..schedule import get_scheduler
@@ -609,9 +612,6 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
     if bad:
         raise OpBenchError(f"unknown --ios-cost '{bad[0]}' (accepted: {', '.join(IOS_COSTS)}, comma-separated)")
     return ["sequential"] + [n for n in names if n != "sequential"]
-
-
-IOS_COSTS = ("model", "measured")
 
 
 def _schedulers(names: list[str], backend: Any, args: argparse.Namespace) -> list[Any]:

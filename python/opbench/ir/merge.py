@@ -59,7 +59,6 @@ class _Merger(PyExprMutator):
         super().__init__(mod)
         self.first = {g[0].var: g for g in groups}
         self.later = {b.var for g in groups for b in g[1:]}
-        self.merged = 0
 
     def visit_var_binding_(self, binding: Any) -> None:
         var = binding.var
@@ -81,7 +80,6 @@ class _Merger(PyExprMutator):
             part = self.builder_.emit(relax.op.strided_slice(merged, axes=[1], begin=[start], end=[start + w.shape[0]]))
             start += w.shape[0]
             self.set_var_remap(b.var, part)
-        self.merged += 1
 
 
 def merge_sibling_convs(mod: tvm.IRModule, func_name: str = "main") -> tuple[tvm.IRModule, int]:
@@ -90,8 +88,6 @@ def merge_sibling_convs(mod: tvm.IRModule, func_name: str = "main") -> tuple[tvm
     groups = sibling_groups(func)
     if not groups:
         return mod, 0
-    merger = _Merger(mod, groups)
-    new_func = merger.visit_expr(func)
     out = tvm.IRModule(dict(mod.functions))
-    out[func_name] = new_func
-    return out, merger.merged
+    out[func_name] = _Merger(mod, groups).visit_expr(func)
+    return out, len(groups)

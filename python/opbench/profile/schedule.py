@@ -1,4 +1,4 @@
-"""Timing of scheduled runs: whole schedules, chains of operators, and every operator in one graph.
+"""Timing of scheduled runs: the default timer, chains of operators, every operator in one graph, stages.
 
 On the GPU everything is a CUDA Graph (:func:`opbench.runtime.graphs.capture_graph`) timed with
 CUDA events around ``number`` back-to-back replays, ``repeat`` times (the median is what callers
@@ -15,12 +15,11 @@ timing operators alone takes one capture each (:func:`alone_times`).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..runtime.backend import KernelBackend
-from ..runtime.executor import ParallelExecutor
-from ..runtime.graphs import capture_graph
+from ..runtime.graphs import capture_graph, fork_join
 from .timer import cuda_event_samples, wall_samples
 
 
@@ -28,13 +27,16 @@ def median(samples: Sequence[float]) -> float:
     return statistics.median(samples)
 
 
-def time_executor(executor: ParallelExecutor, repeat: int = 10, number: int = 20) -> list[float]:
-    """Seconds per run of a scheduled model: ``repeat`` samples of ``number`` back-to-back runs."""
-    if not executor.backend.is_cuda:  # CPU runs are slow: a tenth as many per sample
-        return wall_samples(executor.run, repeat, max(1, number // 10), warmup=1)
-    if executor.cuda_graph is None:
-        executor.capture()
-    return cuda_event_samples(executor.cuda_graph.replay, repeat, number)
+#: ``timer(label, run)`` -> seconds per call of ``run``, samples (``label`` names the row)
+Timer = Callable[[str, Callable[[], Any]], list[float]]
+
+
+def default_timer(is_cuda: bool, repeat: int, number: int) -> Timer:
+    """CUDA events around ``number`` back-to-back calls on the GPU; on the CPU the host clock, a
+    tenth as many calls per sample (CPU runs are slow)."""
+    if is_cuda:
+        return lambda label, run: cuda_event_samples(run, repeat, number)
+    return lambda label, run: wall_samples(run, repeat, max(1, number // 10), warmup=1)
 
 
 def time_ops(backend: KernelBackend, ops: Sequence[int], repeat: int = 10, number: int = 20) -> list[float]:
@@ -44,20 +46,10 @@ def time_ops(backend: KernelBackend, ops: Sequence[int], repeat: int = 10, numbe
     keep whatever they hold, which does not change a kernel's time. Operators that launch no
     kernel (views) take no time.
     """
-    ops = list(ops)
-
-    def launch_all(stream: Any = None) -> None:
-        if stream is None:
-            for op in ops:
-                backend.launch(op)
-            return
-        with backend.on_stream(stream):
-            for op in ops:
-                backend.launch(op)
-
+    launch_all = _serially(backend, [list(ops)])
     if not backend.is_cuda:
         return wall_samples(launch_all, repeat, max(1, number // 10))
-    graph = capture_graph(launch_all)
+    graph = capture_graph(lambda stream: _launch_stage(backend, stream, [], [list(ops)]))
     if graph.empty:
         return [0.0] * repeat
     return cuda_event_samples(graph.replay, repeat, number)
@@ -84,11 +76,18 @@ def schedule_stages(schedule: Any) -> list[list[list[int]]]:
     return [[[op]] for op in schedule.order]
 
 
+def _serially(backend: KernelBackend, stage: Sequence[Sequence[int]]) -> Callable[[], None]:
+    """A CPU run of a stage: its groups one after another on this thread."""
+    def run() -> None:
+        for group in stage:
+            for op in group:
+                backend.launch(op)
+    return run
+
+
 def _launch_stage(backend: KernelBackend, origin: Any, streams: list[Any], stage: Sequence[Sequence[int]]) -> None:
     """One stage from stream ``origin``: a single group on ``origin`` itself, several forked onto one
     stream each and joined back (a barrier)."""
-    from ..runtime.graphs import fork_join
-
     if len(stage) == 1:
         with backend.on_stream(origin):
             for op in stage[0]:
@@ -115,10 +114,7 @@ def stage_times(backend: KernelBackend, stages: Sequence[Sequence[Sequence[int]]
     another (a stage's own work, without thread overhead).
     """
     if not backend.is_cuda:
-        def run_stage(stage: Sequence[Sequence[int]]) -> Any:
-            return lambda: [backend.launch(op) for group in stage for op in group]
-
-        return [median(wall_samples(run_stage(stage), repeat, 1, warmup=1)) for stage in stages]
+        return [median(wall_samples(_serially(backend, stage), repeat, 1, warmup=1)) for stage in stages]
     import torch
 
     streams = [torch.cuda.Stream() for _ in range(max((len(s) for s in stages), default=1))]
@@ -153,7 +149,7 @@ def stage_table(backend: KernelBackend, schedule: Any, repeat: int = 10) -> list
     graph = backend.graph
     return [{"stage": i, "strategy": "concurrent" if len(stage) > 1 else "sequential",
              "groups": [list(g) for g in stage],
-             "operators": [[f"{graph[op].kind}" for op in g] for g in stage], "latency_ms": t * 1e3}
+             "operators": [[graph[op].kind for op in g] for g in stage], "latency_ms": t * 1e3}
             for i, (stage, t) in enumerate(zip(stages, times, strict=True))]
 
 
@@ -171,7 +167,7 @@ def measured_stage_cost(backend: KernelBackend, repeat: int = 5, number: int = 1
         if key in memo:
             return memo[key]
         if not backend.is_cuda:
-            memo[key] = median(wall_samples(lambda: [backend.launch(op) for g in key for op in g], repeat, 1))
+            memo[key] = median(wall_samples(_serially(backend, key), repeat, 1))
             return memo[key]
         import torch
 

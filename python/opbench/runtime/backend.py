@@ -178,19 +178,17 @@ class TorchBackend(KernelBackend):
         self.is_cuda = device.type == "cuda"
         self.env: dict[Any, Any] = {}
         self.placeholders: list[Any] = []
-        self.trace = trace
-        if trace in ("fx", "auto"):
+        graph = None
+        if trace != "export":
             try:
                 graph = self._trace_fx(model, inputs)
-                self.trace = "fx"
             except Exception as err:
                 if trace == "fx":
                     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
-                self.env, self.placeholders, self._modules = {}, [], {}
-                graph = None
-        if self.trace in ("export", "auto"):
-            self.trace = "export"
+                self.env, self.placeholders, self._modules = {}, [], {}  # auto: start again with export
+        self.trace = "export" if graph is None else "fx"
+        if graph is None:
             graph = self._trace_export(model, inputs, device)
         self.ops = [n for n in graph.nodes if n.op in ("call_function", "call_module", "call_method")]
         if fold_bn:
