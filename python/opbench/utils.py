@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -64,3 +65,28 @@ def announced(message: str, after_s: float = 1.0) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+@contextlib.contextmanager
+def device_lock(what: str = "measuring") -> Iterator[None]:
+    """Hold the lock file named by ``$OPBENCH_DEVICE_LOCK`` (if set) for the block.
+
+    Several collections may share one device: they compile in parallel and take turns measuring,
+    so no measurement overlaps another process's kernels. Without the variable this does nothing.
+    """
+    path = os.environ.get("OPBENCH_DEVICE_LOCK")
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger("opbench").info("waiting for the device lock %s before %s", path, what)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

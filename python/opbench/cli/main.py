@@ -133,6 +133,9 @@ def _add_collect(sub: Any, prog: str | None = None) -> None:
     g.add_argument("--ifcompare", type=_bool, default=False, help="compare parallel schedules (true/false)")
     g.add_argument("--tuner", default="xgb", help=f"tuner ({', '.join(_tuner_names())})")
     g.add_argument("--trials", type=_positive_int, default=64, help="measured candidates per task when tuning")
+    p.add_argument("--pretrained", default=None, metavar="MODEL",
+                   help="with --iftune and --tuner xgb: start from a trials predictor ('opbench train --what "
+                        "trials'), MetaSchedule's cost model with what earlier tuning learned")
     p.add_argument("--tune-tasks", type=_positive_int, default=None,
                    help="tune only the N heaviest tasks (default: every task)")
     p.add_argument("--tune-time", type=_positive_float, default=None, metavar="SECONDS",
@@ -186,6 +189,13 @@ def _add_schedule_flags(p: Any) -> None:
                         "stage captured and timed, memoised), or model,measured (one row each)")
     g.add_argument("--ios-time-limit", type=_positive_float, default=60.0,
                    help="seconds the ios dynamic programme may search (then one operator per stage)")
+    g.add_argument("--cost", default="measured",
+                   help="operator costs of the ios and greedy schedulers: measured (timed operators), predicted "
+                        "(a trained predictor, nothing timed: rows ios-predicted, greedy-predicted), or "
+                        "measured,predicted (both)")
+    g.add_argument("--predictor", default=None, metavar="FILE[,FILE]",
+                   help="for --cost predicted: a latency predictor and, optionally, a co-run predictor "
+                        "('opbench train --what latency|corun')")
     g.add_argument("--stages", action="store_true",
                    help="also print, for sequential and each staged schedule, every stage with its operators, "
                         "strategy and measured latency (the stages run with a barrier between them)")
@@ -252,6 +262,9 @@ def build_parser(prog: str = "opbench") -> argparse.ArgumentParser:
     _add_models(sub)
     _add_compare(sub)
     _add_configspace(sub)
+    from .learn import add_parsers
+
+    add_parsers(sub, _Formatter, _add_common, _add_model_flags, DEFAULT_DATASET)
     return parser
 
 
@@ -365,6 +378,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from ..tune import get_tuner
 
     tuner = get_tuner(args.tuner)
+    if args.pretrained and not args.iftune:
+        raise OpBenchError("--pretrained applies to tuning: add --iftune true")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.schedule:  # a bad file fails before any work
@@ -382,6 +397,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     target = resolve_target(args.target, local_device=rpc is None)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
+    if args.pretrained:
+        from ..tune import pretrained_tuner
+
+        tuner = pretrained_tuner(tuner, args.pretrained, "cuda" if is_gpu(target) else "llvm")
     path = dataset_path(args)
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
     database_dir = _database_dir(args, path)
@@ -600,6 +619,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 IOS_COSTS = ("model", "measured")
+COSTS = ("measured", "predicted")
+PREDICTED = ("ios", "greedy")  # the schedulers that take predicted costs
 
 
 def _scheduler_names(args: argparse.Namespace) -> list[str]:
@@ -611,7 +632,43 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
     bad = [c for c in costs if c not in IOS_COSTS] or ([] if costs else [args.ios_cost])
     if bad:
         raise OpBenchError(f"unknown --ios-cost '{bad[0]}' (accepted: {', '.join(IOS_COSTS)}, comma-separated)")
+    costs = _costs(args)
+    if "predicted" in costs and not getattr(args, "predictor", None):
+        raise OpBenchError("--cost predicted needs --predictor FILE (a latency predictor from 'opbench train')")
+    if "predicted" in costs and not any(n in PREDICTED for n in names):
+        raise OpBenchError(f"--cost predicted applies to the {' and '.join(PREDICTED)} schedulers; --schedulers "
+                           f"names neither")
     return ["sequential"] + [n for n in names if n != "sequential"]
+
+
+def _costs(args: argparse.Namespace) -> list[str]:
+    costs = [c.strip() for c in getattr(args, "cost", "measured").split(",") if c.strip()]
+    bad = [c for c in costs if c not in COSTS] or ([] if costs else [args.cost])
+    if bad:
+        raise OpBenchError(f"unknown --cost '{bad[0]}' (accepted: {', '.join(COSTS)}, comma-separated)")
+    return costs
+
+
+def _predictors(args: argparse.Namespace, backend: Any) -> tuple[Any, Any]:
+    """The latency (and co-run) predictor of ``--predictor``, checked against the device in use."""
+    from ..parallel import device_name
+    from ..predict import load_predictor
+    from ..profile.env import cpu_model
+
+    if backend.name != "tvm":
+        raise OpBenchError("--cost predicted costs TVM kernels (the predictors learn from TVM kernel rows); "
+                           "use it with --backend tvm")
+    files = [f.strip() for f in args.predictor.split(",") if f.strip()]
+    if not 1 <= len(files) <= 2:
+        raise OpBenchError(f"--predictor takes a latency predictor and optionally a co-run predictor, "
+                           f"got {len(files)} files")
+    latency = load_predictor(files[0], "latency")
+    corun = load_predictor(files[1], "corun") if len(files) > 1 else None
+    kind = "cuda" if backend.is_cuda else "llvm"
+    for p in (latency, corun):
+        if p is not None:
+            p.check_device(device_name(backend) if backend.is_cuda else cpu_model(), kind)
+    return latency, corun
 
 
 def _schedulers(names: list[str], backend: Any, args: argparse.Namespace) -> list[Any]:
@@ -620,14 +677,24 @@ def _schedulers(names: list[str], backend: Any, args: argparse.Namespace) -> lis
     from ..schedule import IOS
 
     out: list[Any] = []
+    costs = _costs(args)
     for name in names:
-        if name != "ios":
-            out.append(name)
-            continue
-        for cost in dict.fromkeys(c.strip() for c in args.ios_cost.split(",") if c.strip()):
-            measured = measured_stage_cost(backend) if cost == "measured" else None
-            out.append(IOS(time_limit_s=args.ios_time_limit, stage_cost=measured,
-                           name="ios" if cost == "model" else "ios-measured"))
+        if "measured" in costs or name not in PREDICTED:
+            if name != "ios":
+                out.append(name)
+            else:
+                for cost in dict.fromkeys(c.strip() for c in args.ios_cost.split(",") if c.strip()):
+                    measured = measured_stage_cost(backend) if cost == "measured" else None
+                    out.append(IOS(time_limit_s=args.ios_time_limit, stage_cost=measured,
+                                   name="ios" if cost == "model" else "ios-measured"))
+    if "predicted" in costs:
+        from ..predict.scheduling import predicted_schedulers
+        from ..profile.cuda import device_figures
+
+        latency, corun = _predictors(args, backend)
+        chosen = [IOS(time_limit_s=args.ios_time_limit) if n == "ios" else n for n in names if n in PREDICTED]
+        out += predicted_schedulers(chosen, latency, corun, backend.resources,
+                                    device_figures() if backend.is_cuda else None)
     return out
 
 

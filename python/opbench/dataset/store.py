@@ -151,6 +151,9 @@ class Dataset:
         self.path = Path(path)
         self.readonly = readonly
         self.timeout = lock_timeout()
+        if self.path.suffix == ".gz":
+            self._open_compressed()
+            return
         version = inspect_file(self.path)
         if readonly:
             if version is None:
@@ -180,6 +183,32 @@ class Dataset:
                 migrate.migrate(self.conn, version)
                 log.warning("migrated dataset %s from schema version %d to %d; the original is kept as %s",
                             self.path, version, SCHEMA_VERSION, backup)
+
+    def _open_compressed(self) -> None:
+        """A gzip-compressed dataset (as shipped in ``data/``), read into memory; read only."""
+        import gzip
+
+        if not self.readonly:
+            raise OpBenchError(f"dataset '{self.path}' is compressed and can only be read "
+                               f"(write to an uncompressed copy: gunzip -k {self.path})")
+        try:
+            with gzip.open(self.path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            raise OpBenchError(f"dataset not found: '{self.path}'") from None
+        except (OSError, EOFError) as err:
+            raise OpBenchError(f"dataset '{self.path}' is not a gzip-compressed SQLite file ({err})") from None
+        if data[18:20] == b"\x02\x02":  # a WAL-mode file: read it as a rollback-journal one in memory
+            data = data[:18] + b"\x01\x01" + data[20:]
+        self.conn = sqlite3.connect(":memory:")
+        try:
+            self.conn.deserialize(data)
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.Error:
+            raise OpBenchError(f"dataset '{self.path}' is not an OpBench dataset (gzip of a SQLite file)") from None
+        version = int(row[0]) if row else 1
+        if version < SCHEMA_VERSION:
+            migrate.migrate(self.conn, version)
 
     def _connect(self, where: str) -> sqlite3.Connection:
         try:

@@ -67,6 +67,10 @@ class Workload:
             "options": {k: self.options[k] for k in sorted(self.options)},
         }
 
+    def readable(self) -> dict[str, Any]:
+        """:meth:`fingerprint` for the dataset's readable ``workload`` column (see :func:`readable_fingerprint`)."""
+        return readable_fingerprint(self.fingerprint())
+
     @property
     def workload_id(self) -> str:
         """Digest of :meth:`fingerprint` (the dataset's workload key)."""
@@ -76,6 +80,19 @@ class Workload:
         """Seeded random inputs matching :attr:`inputs`."""
         rng = np.random.default_rng(seed)
         return [spec.random(rng) for spec in self.inputs]
+
+
+READABLE_INPUTS = 16
+
+
+def readable_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint as the dataset shows it: a workload with more than :data:`READABLE_INPUTS`
+    inputs lists how many there are and their digest instead of every one (the key, the workload
+    id, still digests them all)."""
+    inputs = fingerprint.get("inputs") or []
+    if len(inputs) <= READABLE_INPUTS:
+        return fingerprint
+    return {**fingerprint, "inputs": {"count": len(inputs), "digest": digest(inputs)}}
 
 
 class ModelSource:

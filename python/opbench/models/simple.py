@@ -12,6 +12,10 @@ ios_block
 branchy[:branches=B,depth=D,channels=C,size=S]
     A stem convolution, then B independent chains of D (3x3 convolution + ReLU), concatenated and
     reduced by a 1x1 convolution. Defaults: branches=4, depth=3, channels=64, size=28.
+kernels[:n=N,sample=S]
+    N independent operators sampled from the configurations CNNs use (draw S), to train latency
+    predictors on more kernels than a few models hold (see :mod:`opbench.models.kernels`).
+    Defaults: n=200, sample=1.
 """
 
 from __future__ import annotations
@@ -110,12 +114,19 @@ def _branchy(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputS
     return b.module(spec, body), spec
 
 
+def _kernels(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, list[InputSpec]]:
+    from .kernels import sampled_kernels
+
+    return sampled_kernels(batch, int(opts.get("n", 200)), int(opts.get("sample", 1)))
+
+
 # name -> (builder, options with their defaults)
 _MODELS: dict[str, tuple[Callable[..., tuple[Any, InputSpec]], dict[str, int]]] = {
     "matmul": (_matmul, {"n": 1024}),
     "matmul_matmul_add": (_matmul_matmul_add, {"n": 1024}),
     "ios_block": (_ios_block, {"channels": 64, "size": 28}),
     "branchy": (_branchy, {"branches": 4, "depth": 3, "channels": 64, "size": 28}),
+    "kernels": (_kernels, {"n": 200, "sample": 1}),
 }
 
 
@@ -140,7 +151,7 @@ class SimpleSource(ModelSource):
             name=base,
             source=self.name,
             mod=mod,
-            inputs=[spec],
+            inputs=spec if isinstance(spec, list) else [spec],
             batch_size=batch_size,
             provenance={"builder": base, "options": opts, "seed": seed},
             options={**opts, "seed": seed},
@@ -170,6 +181,8 @@ class SimpleSource(ModelSource):
         if base not in _MODELS:
             return 0
         o = self.options(base, text)
+        if base == "kernels":  # every operator's tensors: at most a few feature maps and a weight
+            return 4 * o["n"] * 4 * 2_500_000 * batch_size // 4
         if "n" in o:  # weights n*n, activations batch*n*n, a few of each
             return 4 * 4 * o["n"] * o["n"] * (batch_size + 1)
         width = o["channels"] * o.get("branches", 3)

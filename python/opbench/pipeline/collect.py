@@ -9,6 +9,7 @@ the ``models`` row (whole-model VM latency) is written only by a run that measur
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -25,6 +26,7 @@ from ..profile.base import LocalProfiler, Profiler
 from ..profile.env import environment_tags
 from ..profile.timer import Timing, TimingConfig
 from ..runtime import OperatorKernels, build_module, canonical_target, flatten_outputs, relative_error
+from ..utils import device_lock
 from .runs import recorded_run
 
 log = logging.getLogger("opbench")
@@ -113,7 +115,7 @@ def measurement_key(workload: Workload, target: Any, config: str = "default", l2
 
     return model_key(workload.workload_id, device_id(target, device), config, l2_flush,
                      source=workload.source, model=workload.name, batch_size=workload.batch_size,
-                     workload=workload.fingerprint(), target=canonical_target(target),
+                     workload=workload.readable(), target=canonical_target(target),
                      device_name=device["device_name"] if device else device_name(target))
 
 
@@ -136,7 +138,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
     profiler = profiler or LocalProfiler()
     key = measurement_key(workload, target, options.config, options.timing.flush_l2, profiler.device(target))
     tags = {**environment_tags(target), **profiler.tags()}
-    with recorded_run(dataset, command, tags) as run:
+    with recorded_run(dataset, command, tags) as run, contextlib.ExitStack() as measuring:
         run_id = run.run_id
         _phase("%s: extracting operators (lowering to fused kernels)", workload.name)
         lowered, graph = extract_operators(workload.mod, target)
@@ -144,6 +146,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                len(graph.tasks()), target.kind.name)
         built = build_module(lowered, target, options.database)
         _phase("compiled in %.1f s", built.compile_seconds)
+        measuring.enter_context(device_lock(f"measuring {workload.name}"))  # $OPBENCH_DEVICE_LOCK
         built = profiler.place(built)
         kernels = OperatorKernels(graph, built)
         try:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..ir.dag import transitive_reduction
-from .base import Schedule, Scheduler, cross_stream_events
+from .base import Schedule, Scheduler, WithCost, cross_stream_events
 from .cost import SchedulingCost
 from .greedy import Greedy
 from .ios import IOS
@@ -34,4 +34,4 @@ def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
 
 
 __all__ = ["IOS", "SCHEDULERS", "SchedulingCost", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
-           "Sequential", "cross_stream_events", "get_scheduler", "transitive_reduction"]
+           "Sequential", "WithCost", "cross_stream_events", "get_scheduler", "transitive_reduction"]

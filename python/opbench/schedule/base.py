@@ -214,3 +214,31 @@ class Scheduler:
             ignore it.
         """
         raise NotImplementedError
+
+
+class WithCost(Scheduler):
+    """A scheduler run with its own cost instead of the one it is given: ``make_cost(graph)`` is
+    built inside :meth:`schedule`, so the scheduling time includes it (e.g. a predictor's inference).
+
+    Parameters
+    ----------
+    inner:
+        The scheduler (an object or a name understood by :func:`opbench.schedule.get_scheduler`).
+    make_cost:
+        ``make_cost(graph) -> cost`` for ``inner``.
+    name:
+        The name of the schedules it makes (default: ``<inner>-custom``).
+    """
+
+    def __init__(self, inner: Any, make_cost: Any, name: str | None = None) -> None:
+        from . import get_scheduler
+
+        self.inner = get_scheduler(inner)
+        self.make_cost = make_cost
+        self.name = name or f"{self.inner.name}-custom"
+
+    def schedule(self, graph: Any, cost: Any = None) -> Schedule:
+        """``inner``'s schedule of ``graph`` under ``make_cost(graph)`` (``cost`` is ignored)."""
+        plan = self.inner.schedule(graph, self.make_cost(graph))
+        plan.name = self.name
+        return plan

@@ -117,8 +117,12 @@ class SchedulingCost:
         packed = sum(self.latency(i) * self.demand(i) for g in groups for i in g)
         return max(longest, packed) + self.fork_s * (len(groups) - 1)
 
-    def predict(self, schedule: Any) -> float:
-        """Seconds ``schedule`` takes, by the fluid simulation of the module docstring."""
+    def predict(self, schedule: Any, timeline: list[tuple[int, int, float, float]] | None = None) -> float:
+        """Seconds ``schedule`` takes, by the fluid simulation of the module docstring.
+
+        ``timeline``, when given, receives ``(operator, stream, start, end)`` for every operator.
+        """
+        started: dict[int, float] = {}
         streams = [list(ops) for ops in schedule.stream_ops() if ops]
         waits: dict[int, list[int]] = {}
         for u, v in schedule.events:
@@ -136,6 +140,7 @@ class SchedulingCost:
                 if all(u in finished for u in waits.get(op, ())):
                     running[op] = self.latency(op)
                     running_on[op] = s
+                    started[op] = now
             if not running:
                 break
             load = sum(self.demand(op) for op in running)
@@ -147,6 +152,9 @@ class SchedulingCost:
                 running[op] -= step * rate
                 if op == first or running[op] <= 1e-12:
                     del running[op]
-                    head[running_on.pop(op)] += 1
+                    stream = running_on.pop(op)
+                    head[stream] += 1
                     finished.add(op)
+                    if timeline is not None:
+                        timeline.append((op, stream, started[op], now))
         return now + self.fork_s * (len(streams) - 1)

@@ -4,6 +4,6 @@ The job itself is :func:`opbench.pipeline.tune.tune_workload`; applying a databa
 :func:`opbench.runtime.build.apply_database` with :func:`opbench.tune.database.applied_database`.
 """
 
-from .tuners import TUNERS, Tuner, get_tuner
+from .tuners import TUNERS, Tuner, get_tuner, pretrained_tuner
 
-__all__ = ["TUNERS", "Tuner", "get_tuner"]
+__all__ = ["TUNERS", "Tuner", "get_tuner", "pretrained_tuner"]

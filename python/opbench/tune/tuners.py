@@ -127,6 +127,22 @@ TUNERS: dict[str, Tuner] = {t.name: t for t in [
 ]}
 
 
+def pretrained_tuner(tuner: str | Tuner, path: str, target_kind: str | None = None) -> Tuner:
+    """``tuner`` (``xgb``) with its cost model loaded from a trials predictor (``opbench train --what
+    trials``): MetaSchedule's ``XGBModel`` with the earlier tuning's data, which predicts from the first
+    round and retrains on old and new measurements together. Trial rows name it ``<tuner>-pretrained``."""
+    from ..predict import load_predictor
+
+    tuner = get_tuner(tuner)
+    if tuner.name != "xgb":
+        raise OpBenchError(f"--pretrained works with --tuner xgb (MetaSchedule's XGBoost cost model on its "
+                           f"per-store features), not '{tuner.name}'")
+    predictor = load_predictor(path, "trials")
+    predictor.check_device(None, target_kind)
+    return Tuner(f"{tuner.name}-pretrained", f"{tuner.description}, starting from {path}", tuner.strategy,
+                 predictor.cost_model)
+
+
 def get_tuner(tuner: str | Tuner) -> Tuner:
     """A tuner by name (or a :class:`Tuner` passed through)."""
     if isinstance(tuner, Tuner):

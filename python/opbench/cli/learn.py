@@ -1,0 +1,162 @@
+"""The ``train``, ``predict`` and ``report`` commands (predictors and the HTML report)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ..errors import OpBenchError
+
+log = logging.getLogger("opbench")
+
+
+def add_parsers(sub: Any, formatter: Any, add_common: Any, add_model_flags: Any, default_dataset: str) -> None:
+    """Register the commands on the ``opbench`` sub-parser."""
+    from ..predict import SPLITS, WHATS
+    from ..predict.features import FEATURE_SETS
+
+    p = sub.add_parser("train", help="train a predictor on a dataset and print held-out metrics",
+                       formatter_class=formatter,
+                       description="Train an XGBoost predictor: 'latency' (an operator's latency from its features), "
+                                   "'corun' (a co-run group's time and slowdowns) or 'trials' (a candidate schedule's "
+                                   "speed relative to its task's best, for ranking). Metrics are cross-validated on "
+                                   "held-out groups (the split), then the saved model is fit on every row.")
+    p.add_argument("--dataset", default=None, help=f"dataset (.sqlite, or .sqlite.gz read only; default: "
+                                                   f"$OPBENCH_DATASET or {default_dataset})")
+    p.add_argument("--what", required=True, help=f"what to predict ({', '.join(WHATS)})")
+    p.add_argument("--split", default="by_model", help=f"held-out groups ({', '.join(SPLITS)})")
+    p.add_argument("--out", default=None, help="write the trained predictor to this file")
+    p.add_argument("--json", default=None, help="also write the metrics as JSON ('-': stdout)")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds (at least 2)")
+    p.add_argument("--device", default=None, help="device name of the rows to use, when the dataset has several")
+    p.add_argument("--features", default="graph",
+                   help=f"latency features ({', '.join(FEATURE_SETS)}): graph needs no compilation")
+    p.add_argument("--config", default="default", help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
+    p.add_argument("--seed", type=int, default=0, help="seed of the folds and of XGBoost")
+    p.add_argument("--exclude", default="", metavar="MODEL[,MODEL]",
+                   help="leave these models' rows out entirely (to use the predictor on them afterwards)")
+    add_common(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("predict", help="predict every operator's latency of a model, without measuring",
+                       formatter_class=formatter,
+                       description="Predict the latency of every operator of a model, and of the whole model (their "
+                                   "sum), with a trained latency predictor: the model is extracted, not compiled.")
+    add_model_flags(p)
+    p.add_argument("--model", required=True, dest="predictor", help="latency predictor file ('opbench train')")
+    p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
+    add_common(p)
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("report", help="write an HTML report with figures of a dataset", formatter_class=formatter,
+                       description="Write DIR/index.html (self-contained) and PNG figures: latency by operator kind, "
+                                   "roofline, co-run speedups, predicted vs measured, tuning curves and a stream "
+                                   "timeline. Needs matplotlib (pip install opbench[report]).")
+    p.add_argument("--dataset", default=None, help=f"dataset (default: $OPBENCH_DATASET or {default_dataset})")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--device", default=None, help="device name, when the dataset has several")
+    p.add_argument("--schedule", default=None, metavar="FILE",
+                   help="a saved schedule to draw as a timeline (default: IOS on the model with most co-runs)")
+    p.add_argument("--schedule-model", default=None, metavar="NAME",
+                   help="the dataset model whose operator times the timeline uses")
+    add_common(p)
+    p.set_defaults(func=cmd_report)
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..predict import train
+    from .main import _human, check_output_path, dataset_path, write_json
+
+    check_output_path(args.out, "--out")
+    check_output_path(args.json, "--json")
+    result = train(dataset_path(args), args.what, args.split, args.out, args.folds, args.seed, args.device,
+                   args.features, args.config, [m.strip() for m in args.exclude.split(",") if m.strip()])
+    out = _human(args)
+    m = result["metrics"]
+    print(f"\n{args.what} predictor, {args.split} split ({result['folds']} folds) on {result['device_name']}: "
+          f"{result['n_test']} held-out items, {result['n_train']} training rows per fold", file=out)
+    print(f"  MAPE {_pct(m['mape'])}  within ±10% {_pct(m['within_10pct'])}  RMSE {_num(m['rmse'], 4)}  "
+          f"R² {_num(m['r2'])}  pairwise {_num(m['pairwise'])}  top-1 {_num(m['top1'])}  top-5 {_num(m['top5'])}",
+          file=out)
+    if result.get("extra_metrics"):
+        print("  " + "  ".join(f"{k} {_num(v)}" for k, v in result["extra_metrics"].items()), file=out)
+    if args.what == "latency":
+        print(f"  {'held-out model':<18}{'operators':>10}{'measured ms':>13}{'predicted ms':>14}{'error':>9}", file=out)
+        for h in result["held_out"]:
+            print(f"  {h['model'][:18]:<18}{h['operators']:>10}{h['measured_sum_ms']:>13.3f}"
+                  f"{h['predicted_sum_ms']:>14.3f}{h['error']:>+9.1%}", file=out)
+        print("  by kind: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})" for k, v in result["per_kind"].items()),
+              file=out)
+    elif args.what == "corun":
+        print("  by model: " + "  ".join(f"{h['model']} MAPE {_pct(h['mape'])} pairwise {_num(h['pairwise'], 2)}"
+                                          for h in result["held_out"]), file=out)
+    if args.out:
+        print(f"predictor written to {args.out}", file=out)
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ..predict import load_predictor
+    from ..predict.latency import predict_workload
+    from .main import _human, _load, check_output_path, write_json
+
+    check_output_path(args.json, "--json")
+    predictor = load_predictor(args.predictor, "latency")
+    target = _prediction_target(args.target)
+    predictor.check_device(None, "cuda" if target.kind.name == "cuda" else "llvm")
+    workload = _load(args)
+    rows = predict_workload(workload, target, predictor)
+    out = _human(args)
+    print(f"\n{workload.name} ({workload.source}, batch {workload.batch_size}, {target.kind.name}): "
+          f"{len(rows)} operators predicted for {predictor.device_name or 'the training device'}", file=out)
+    print(f"{'#':>4}  {'operator':<44}  {'kind':<12}  {'output':<18}  {'predicted ms':>12}", file=out)
+    for r in rows:
+        print(f"{r['op_index']:>4}  {r['func'][:44]:<44}  {r['kind']:<12}  {r['output'][:18]:<18}  "
+              f"{r['predicted_ms']:>12.4f}", file=out)
+    total = sum(r["predicted_ms"] for r in rows)
+    print(f"whole model (sum of operators): {total:.3f} ms predicted", file=out)
+    if args.json:
+        write_json(args.json, {"model": workload.name, "source": workload.source, "workload_id": workload.workload_id,
+                               "target": target.kind.name, "device_name": predictor.device_name,
+                               "predicted_sum_ms": total, "operators": rows})
+    return 0
+
+
+def _prediction_target(text: str) -> Any:
+    """The target to extract operators for: ``cuda`` needs no GPU here (nothing is compiled)."""
+    import tvm
+
+    from ..runtime.target import resolve_target
+
+    if str(text).strip().lower() == "cuda" and not tvm.cuda(0).exist:
+        return resolve_target({"kind": "cuda", "arch": "sm_90"}, local_device=False)
+    return resolve_target(text, local_device=False) if str(text).strip().startswith("{") else resolve_target(text)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report import write_report
+    from .main import dataset_path
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise OpBenchError("the report needs matplotlib: pip install 'opbench[report]' (or pip install matplotlib)"
+                           ) from None
+    index = write_report(dataset_path(args), args.out, device=args.device, schedule=args.schedule,
+                         schedule_model=args.schedule_model)
+    print(f"report written to {index}")
+    return 0
+
+
+__all__ = ["add_parsers"]

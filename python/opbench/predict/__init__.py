@@ -1,0 +1,91 @@
+"""Learned predictors on the dataset (XGBoost): operator latency, co-run interference, tuning trials.
+
+* :mod:`~opbench.predict.latency`: one operator's latency from its features.
+* :mod:`~opbench.predict.corun`: a co-run group's concurrent time and its members' slowdowns.
+* :mod:`~opbench.predict.trials`: a candidate schedule's speed relative to its task's best, from
+  MetaSchedule's own features (usable as the tuning cost model, ``--pretrained``).
+
+:func:`train` cross-validates on held-out groups (:mod:`~opbench.predict.splits`), reports the
+metrics of :mod:`~opbench.predict.metrics`, then fits the saved predictor on every row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpBenchError
+from .base import WHATS, Predictor, load_predictor
+from .splits import SPLITS
+
+log = logging.getLogger("opbench")
+
+
+def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
+          seed: int = 0, device: str | None = None, features: str = "graph", config: str = "default",
+          exclude: list[str] | None = None) -> dict[str, Any]:
+    """Train a ``what`` predictor on ``dataset``, report held-out metrics, save it to ``out``.
+
+    Returns the report: ``{"what", "split", "n_train", "n_test", "metrics", "per_kind", "held_out",
+    ...}`` (``n_train`` is the mean training size of the folds, ``n_test`` every held-out item).
+    ``exclude`` names models whose rows are left out entirely (to test the predictor on them later).
+    """
+    from . import corun, latency, trials
+
+    if what not in WHATS:
+        raise OpBenchError(f"unknown --what '{what}' (accepted: {', '.join(WHATS)})")
+    if split not in SPLITS:
+        raise OpBenchError(f"unknown --split '{split}' (accepted: {', '.join(SPLITS)})")
+    from .features import FEATURE_SETS
+
+    if features not in FEATURE_SETS:
+        raise OpBenchError(f"unknown --features '{features}' (accepted: {', '.join(FEATURE_SETS)})")
+    if folds < 2:
+        raise OpBenchError(f"--folds must be at least 2, got {folds}")
+    start = time.perf_counter()
+    skip = set(exclude or [])
+    meta: dict[str, Any] = {"dataset": str(dataset), "split": split, "seed": seed, "excluded": sorted(skip)}
+    model: Predictor
+    if what == "latency":
+        rows, device_name = latency.latency_rows(str(dataset), device, config)
+        rows = [r for r in rows if r["model"] not in skip]
+        log.info("latency: %d operator rows on %s; %d-fold %s split", len(rows), device_name, folds, split)
+        report = latency.evaluate(rows, split, folds, features, seed)
+        kind = _kind(rows[0]["target"])
+        meta.update(config=config)
+        fitted = lambda m: latency.LatencyPredictor.fit(rows, features, seed, m)  # noqa: E731
+    elif what == "corun":
+        groups, device_name = corun.corun_examples(str(dataset), device)
+        groups = [g for g in groups if g["model"] not in skip]
+        log.info("corun: %d co-run groups on %s; %d-fold %s split", len(groups), device_name, folds, split)
+        report = corun.evaluate(groups, split, folds, seed)
+        kind = _kind(groups[0]["members"][0]["target"])
+        fitted = lambda m: corun.CorunPredictor.fit(groups, seed, m)  # noqa: E731
+    else:
+        tasks, device_name = trials.trial_examples(str(dataset), device)
+        tasks = {k: t for k, t in tasks.items() if t["model"] not in skip}
+        log.info("trials: %d tuned tasks, %d candidates on %s; %d-fold %s split", len(tasks),
+                 sum(len(t["xs"]) for t in tasks.values()), device_name, folds, split)
+        report = trials.evaluate(tasks, split, folds, seed)
+        kind = next(iter(tasks.values()))["target_kind"]
+        fitted = lambda m: trials.TrialsPredictor.fit(list(tasks.values()), seed, m)  # noqa: E731
+    meta.update(device_name=device_name, target_kind=kind, metrics=report["metrics"])
+    report.pop("predicted", None)
+    result = {"what": what, "split": split, **report, "device_name": device_name, "target_kind": kind,
+              "features": features if what == "latency" else None}
+    if out is not None:
+        model = fitted(meta)
+        model.save(out)
+        result["model_file"] = str(out)
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def _kind(target: Any) -> str:
+    """``cuda`` or ``llvm`` from a row's canonical target."""
+    return "cuda" if "cuda" in str(target) else "llvm"
+
+
+__all__ = ["SPLITS", "WHATS", "Predictor", "load_predictor", "train"]

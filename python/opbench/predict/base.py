@@ -1,0 +1,176 @@
+"""The predictor file and what every predictor shares.
+
+A predictor is saved as one zip file: ``meta.json`` (what it predicts, the device and target kind
+it was trained for, its feature names, the held-out metrics) and its XGBoost models. Loading checks
+that the file is a predictor, of the expected kind (``latency``, ``corun``, ``trials``), for the
+device in use.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+
+FORMAT = "opbench-predictor"
+VERSION = 1
+WHATS = ("latency", "corun", "trials")
+
+
+class Predictor:
+    """Base class: ``meta`` (JSON-able facts) and named XGBoost boosters or opaque blobs.
+
+    Subclasses set :attr:`what` and implement their ``fit``/``predict``.
+    """
+
+    what = ""
+
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.boosters: dict[str, Any] = {}
+        self.blobs: dict[str, bytes] = {}
+
+    @property
+    def device_name(self) -> str:
+        """The device the training rows were measured on."""
+        return str(self.meta.get("device_name", ""))
+
+    def check_device(self, device_name: str | None, target_kind: str | None = None) -> None:
+        """Refuse to predict for another device or target kind (one line naming both)."""
+        kind = self.meta.get("target_kind")
+        if target_kind and kind and target_kind != kind:
+            raise OpBenchError(f"the {self.what} predictor was trained for target '{kind}' "
+                               f"({self.device_name}), not '{target_kind}'")
+        if device_name and self.device_name and device_name != self.device_name:
+            raise OpBenchError(f"the {self.what} predictor was trained on '{self.device_name}', "
+                               f"not on this device '{device_name}' (train one on this device's rows)")
+
+    def save(self, path: str | Path) -> Path:
+        """Write the predictor to ``path`` (a zip file)."""
+        path = Path(path)
+        if path.parent and not path.parent.exists():
+            raise OpBenchError(f"cannot write the predictor to '{path}': folder '{path.parent}' does not exist")
+        meta = {"format": FORMAT, "version": VERSION, "what": self.what, **self.meta,
+                "boosters": sorted(self.boosters), "blobs": sorted(self.blobs)}
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("meta.json", json.dumps(meta, indent=1, default=_json_default))
+            for name, booster in self.boosters.items():
+                zf.writestr(f"{name}.ubj", bytes(booster.save_raw(raw_format="ubj")))
+            for name, blob in self.blobs.items():
+                zf.writestr(name, blob)
+        return path
+
+    @classmethod
+    def _from_zip(cls, meta: dict[str, Any], zf: zipfile.ZipFile) -> Predictor:
+        import xgboost as xgb
+
+        obj = cls(meta)
+        for name in meta.get("boosters", []):
+            booster = xgb.Booster()
+            booster.load_model(bytearray(zf.read(f"{name}.ubj")))
+            obj.boosters[name] = booster
+        for name in meta.get("blobs", []):
+            obj.blobs[name] = zf.read(name)
+        return obj
+
+    def booster_predict(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Raw predictions of booster ``name`` for the rows of ``x``."""
+        if len(x) == 0:
+            return np.zeros(0)
+        # in-place and on one thread: the schedulers ask one small batch at a time, where a DMatrix
+        # and a thread pool per call cost more than the trees
+        booster = self.boosters[name]
+        booster.set_param({"nthread": 1})
+        return booster.inplace_predict(np.asarray(x, dtype="float32"), missing=np.nan)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer | np.floating):
+        return value.item()
+    return str(value)
+
+
+def load_predictor(path: str | Path, what: str | None = None) -> Any:
+    """Load a predictor file; ``what`` (``latency``, ``corun``, ``trials``) checks its kind."""
+    from .corun import CorunPredictor
+    from .latency import LatencyPredictor
+    from .trials import TrialsPredictor
+
+    path = Path(path)
+    if not path.is_file():
+        raise OpBenchError(f"predictor file '{path}' not found (make one with 'opbench train ... --out FILE')")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = json.loads(zf.read("meta.json"))
+            if meta.get("format") != FORMAT:
+                raise KeyError
+            kinds = {"latency": LatencyPredictor, "corun": CorunPredictor, "trials": TrialsPredictor}
+            found = meta.get("what")
+            if what is not None and found != what:
+                raise OpBenchError(f"'{path}' is a {found} predictor, not a {what} predictor "
+                                   f"(train one with 'opbench train --what {what}')")
+            if found not in kinds:
+                raise KeyError
+            return kinds[found]._from_zip(meta, zf)
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError):
+        raise OpBenchError(f"'{path}' is not an OpBench predictor file (made by 'opbench train')") from None
+
+
+def xgb_regressor(x: np.ndarray, y: np.ndarray, rounds: int = 400, seed: int = 0, **params: Any) -> Any:
+    """An XGBoost regression booster on ``x``/``y`` (squared error; NaN marks a missing feature)."""
+    import xgboost as xgb
+
+    config = {"objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "subsample": 0.9,
+              "colsample_bytree": 0.9, "min_child_weight": 1.0, "seed": seed, "nthread": 0, **params}
+    return xgb.train(config, xgb.DMatrix(x, label=y, missing=np.nan), num_boost_round=rounds)
+
+
+_HINTS = {"operators": "run 'opbench collect'", "models": "run 'opbench collect'",
+          "corun": "collect with --corun on a GPU", "trials": "collect with --iftune true"}
+
+
+def dataset_rows(path: str | Path, table: str, device: str | None = None, required: bool = True
+                 ) -> tuple[list[dict[str, Any]], str]:
+    """The ``ok`` rows of ``table`` measured on one device (``device``, else the only one there is).
+
+    With ``required``, a table without such rows is an error naming what to collect; else it gives ``[]``.
+    """
+    from ..dataset import Dataset
+
+    if not Path(path).is_file():
+        raise OpBenchError(f"dataset '{path}' not found")
+    with Dataset(path, readonly=True) as ds:
+        if table == "trials":
+            rows = [r for r in ds.rows(table) if r.get("build_status") == "ok" and r.get("latency_median_s")]
+        else:
+            rows = [r for r in ds.rows(table) if r.get("status") == "ok"]
+    devices = sorted({r["device_name"] for r in rows if r.get("device_name")})
+    if not rows:
+        if required:
+            raise OpBenchError(f"dataset '{path}' has no measured {table} rows ({_HINTS[table]})")
+        return [], device or ""
+    if device is not None:
+        if device not in devices:
+            if not required:
+                return [], device
+            raise OpBenchError(f"dataset '{path}' has no {table} rows measured on '{device}' "
+                               f"(it has: {', '.join(devices) or 'none'})")
+        return [r for r in rows if r["device_name"] == device], device
+    if len(devices) > 1:
+        raise OpBenchError(f"dataset '{path}' holds {table} rows of several devices ({'; '.join(devices)}): "
+                           "pick one with --device")
+    return rows, devices[0] if devices else ""
+
+
+def read_json(value: Any) -> Any:
+    """A JSON column's value decoded (values already decoded pass through)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+__all__ = ["FORMAT", "VERSION", "WHATS", "Predictor", "dataset_rows", "load_predictor", "read_json",
+           "xgb_regressor"]

@@ -1,0 +1,149 @@
+"""Co-run predictor: a group of operators launched together on several streams.
+
+Two XGBoost regressions over :func:`opbench.predict.features.corun_features`:
+
+* ``concurrent``: ``log(concurrent time / sum of solo times)``; the group's time is that ratio
+  times the members' solo sum (solo times measured, or from a latency predictor);
+* ``slowdown``: each member's ``log(slowdown)`` (its time in the group over its time alone) from its
+  own share and the group's features.
+
+Trained on the ``corun`` table, with each member's operator row (kind, FLOPs, bytes, kernel
+resources) and the device's SM count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+from .base import Predictor, dataset_rows, read_json, xgb_regressor
+from .features import corun_feature_names, corun_features, member_feature_names, member_features
+from .latency import sampled
+from .metrics import pairwise, regression_metrics
+from .splits import check_split, folds
+
+MIN_GROUPS = 20
+
+
+class CorunPredictor(Predictor):
+    """Predicts a co-run group's concurrent seconds and each member's slowdown."""
+
+    what = "corun"
+
+    @classmethod
+    def fit(cls, groups: Sequence[dict[str, Any]], seed: int = 0, meta: dict[str, Any] | None = None
+            ) -> CorunPredictor:
+        """Train on co-run examples (see :func:`corun_examples`)."""
+        x, y, xm, ym = [], [], [], []
+        for g in groups:
+            feats = corun_features(g["members"], g["solo_s"], g["device_sms"])
+            x.append(feats)
+            y.append(np.log(g["concurrent_s"] / sum(g["solo_s"])))
+            for member, solo, slow in zip(g["members"], g["solo_s"], g["slowdowns"] or [], strict=False):
+                if slow and slow > 0:
+                    xm.append(member_features(feats, member, solo, g["solo_s"], g["device_sms"]))
+                    ym.append(np.log(slow))
+        obj = cls({**(meta or {}), "features": corun_feature_names(), "member_features": member_feature_names(),
+                   "n_rows": len(groups)})
+        obj.boosters["concurrent"] = xgb_regressor(np.array(x), np.array(y), rounds=300, seed=seed, max_depth=5)
+        if xm:
+            obj.boosters["slowdown"] = xgb_regressor(np.array(xm), np.array(ym), rounds=300, seed=seed, max_depth=5)
+        return obj
+
+    def predict(self, members: Sequence[dict[str, Any]], solo_s: Sequence[float], device_sms: float | None = None
+                ) -> tuple[float, list[float]]:
+        """Seconds the group takes together and each member's slowdown."""
+        return self.predict_many([{"members": members, "solo_s": list(solo_s), "device_sms": device_sms}])[0]
+
+    def concurrent(self, members: Sequence[dict[str, Any]], solo_s: Sequence[float],
+                   device_sms: float | None = None) -> float:
+        """Seconds the group takes together (without the members' slowdowns)."""
+        feats = corun_features(members, solo_s, device_sms)
+        return float(np.exp(self.booster_predict("concurrent", np.array([feats]))[0]) * sum(solo_s))
+
+    def predict_many(self, groups: Sequence[dict[str, Any]]) -> list[tuple[float, list[float]]]:
+        """:meth:`predict` for many groups at once (one booster call each)."""
+        feats = [corun_features(g["members"], g["solo_s"], g.get("device_sms")) for g in groups]
+        ratio = np.exp(self.booster_predict("concurrent", np.array(feats)))
+        rows, owner = [], []
+        for k, (g, f) in enumerate(zip(groups, feats, strict=True)):
+            for member, solo in zip(g["members"], g["solo_s"], strict=True):
+                rows.append(member_features(f, member, solo, g["solo_s"], g.get("device_sms")))
+                owner.append(k)
+        slow = (np.exp(self.booster_predict("slowdown", np.array(rows))) if "slowdown" in self.boosters and rows
+                else np.ones(len(rows)))
+        out: list[tuple[float, list[float]]] = [(float(r * sum(g["solo_s"])), []) for r, g in zip(ratio, groups,
+                                                                                                  strict=True)]
+        for k, s in zip(owner, slow, strict=True):
+            out[k][1].append(float(s))
+        return out
+
+
+def corun_examples(path: str, device: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The co-run groups of one device with their members' operator rows."""
+    rows, device_name = dataset_rows(path, "corun", device)
+    ops, _ = dataset_rows(path, "operators", device_name or None) if rows else ([], "")
+    by_key = {(o["workload_id"], o["device_id"], o["config"], o["l2_flush"], o["op_index"]): o for o in ops}
+    out = []
+    for r in rows:
+        idx = read_json(r["op_indices"]) or []
+        members = [by_key.get((r["workload_id"], r["device_id"], r["config"], r["l2_flush"], i)) for i in idx]
+        solo = read_json(r["solo_s"]) or []
+        if not r.get("concurrent_s") or any(m is None for m in members) or len(solo) != len(members) or \
+                not all(s and s > 0 for s in solo):
+            continue
+        out.append({"workload_id": r["workload_id"], "model": r["model"], "source": r["source"],
+                    "group_key": r["group_key"], "members": members, "solo_s": [float(s) for s in solo],
+                    "concurrent_s": float(r["concurrent_s"]), "sequential_s": r.get("sequential_s"),
+                    "slowdowns": read_json(r.get("slowdowns")), "device_sms": r.get("gpu_sm_count"),
+                    "kinds": read_json(r["kinds"])})
+    return out, device_name
+
+
+def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Cross-validated held-out metrics of the concurrent time (pairwise inside each model)."""
+    check_split(split)
+    if len(groups) < MIN_GROUPS:
+        raise OpBenchError(f"too few measured co-run groups for training: {len(groups)} (needed: at least "
+                           f"{MIN_GROUPS}; collect with --corun on a GPU)")
+    extra = [g for g in groups if sampled(g)]
+    groups = [g for g in groups if not sampled(g)]
+    if len(groups) < 2:
+        raise OpBenchError(f"too few co-run groups of models to hold out: {len(groups)} (needed: at least 2)")
+    labels = ([g["workload_id"] for g in groups] if split == "by_model"
+              else ["+".join(sorted(g["kinds"])) for g in groups])
+    predicted = np.zeros(len(groups))
+    slow_err: list[float] = []
+    n_train = []
+    for train, test in folds(labels, split, k, seed):
+        model = CorunPredictor.fit([groups[i] for i in train] + extra, seed)
+        for i, (conc, slows) in zip(test, model.predict_many([groups[i] for i in test]), strict=True):
+            predicted[i] = conc
+            measured = groups[i]["slowdowns"] or []
+            slow_err += [abs(p - m) / m for p, m in zip(slows, measured, strict=False) if m]
+        n_train.append(len(train) + len(extra))
+    measured = np.array([g["concurrent_s"] for g in groups])
+    models = [g["workload_id"] for g in groups]
+    metrics = regression_metrics(measured, predicted, models)
+    seq = np.array([sum(g["solo_s"]) for g in groups])
+    per_kind: dict[str, Any] = {}
+    for size in sorted({len(g["members"]) for g in groups}):
+        idx = [i for i, g in enumerate(groups) if len(g["members"]) == size]
+        sub = regression_metrics(measured[idx], predicted[idx], [models[i] for i in idx])
+        per_kind[f"{size} operators"] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
+    held_out = []
+    for wid in dict.fromkeys(models):
+        idx = [i for i, m in enumerate(models) if m == wid]
+        sub = regression_metrics(measured[idx], predicted[idx], [wid] * len(idx))
+        held_out.append({"model": groups[idx[0]]["model"], "workload_id": wid, "groups": len(idx),
+                         "mape": sub["mape"], "pairwise": sub["pairwise"]})
+    extra_metrics = {"speedup_pairwise": pairwise(seq / measured, seq / predicted, models),
+                     "slowdown_mape": float(np.mean(slow_err)) if slow_err else None}
+    return {"n_train": int(np.mean(n_train)), "n_test": len(groups), "folds": len(n_train), "metrics": metrics,
+            "extra_metrics": extra_metrics, "per_kind": per_kind, "held_out": held_out, "predicted": predicted}
+
+
+__all__ = ["MIN_GROUPS", "CorunPredictor", "corun_examples", "evaluate"]

@@ -1,0 +1,210 @@
+"""Feature vectors for the predictors.
+
+An operator is described the same way whether it comes from a dataset row or from a freshly
+extracted :class:`~opbench.ir.graph.OpNode` (``node.to_dict()``): its kind, the fused operators,
+shapes, the main operator's attributes, FLOPs, bytes and arithmetic intensity. These *graph*
+features need no compilation, so a model that was never built can be predicted. The *kernel*
+features (grid, block, registers, shared memory, occupancy, SMs used) come from a compiled kernel
+and are optional: a predictor trained with them needs them at prediction time.
+
+A co-run group is described by its members' solo latencies (sorted, padded), their sum, maximum
+and balance, the summed graph features and, where known, the SMs the members occupy together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
+         "elementwise"]
+FEATURE_SETS = ("graph", "graph+kernel")
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
+                "int64": 8, "bool": 1}
+_DIMS = 4  # shape dimensions kept per tensor (leading dimensions padded with 1)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _log2(value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return math.log2(v + 1.0) if v >= 0 else math.nan
+
+
+def _dims(shape: Sequence[int] | None) -> list[float]:
+    shape = list(shape or [])
+    shape = [1] * max(0, _DIMS - len(shape)) + shape[-_DIMS:]
+    return [_log2(d) for d in shape]
+
+
+def _numel(shape: Sequence[int] | None) -> float:
+    return float(np.prod(shape)) if shape else 1.0
+
+
+def _pair(value: Any, default: int = 1) -> tuple[float, float]:
+    if value is None:
+        return float(default), float(default)
+    if isinstance(value, int | float):
+        return float(value), float(value)
+    value = list(value)
+    if not value:
+        return float(default), float(default)
+    return float(value[0]), float(value[-1] if len(value) > 1 else value[0])
+
+
+def graph_feature_names() -> list[str]:
+    """Names of :func:`graph_features`' entries, in order."""
+    names = [f"kind={k}" for k in KINDS]
+    names += ["fused_ops", "inputs", "outputs", "log2_flops", "log2_bytes", "intensity", "log2_out_elems",
+              "log2_in0_elems", "log2_in_elems", "dtype_bytes", "out_rank"]
+    names += [f"in0_d{i}" for i in range(_DIMS)] + [f"in1_d{i}" for i in range(_DIMS)]
+    names += [f"out_d{i}" for i in range(_DIMS)]
+    names += ["stride_h", "stride_w", "kernel_h", "kernel_w", "pad_sum", "dilation", "log2_groups", "depthwise",
+              "log2_channels_per_group", "has_relu", "has_add", "has_bias_like"]
+    return names
+
+
+def graph_features(op: dict[str, Any]) -> list[float]:
+    """The compile-free features of one operator (a dataset row or ``OpNode.to_dict()``)."""
+    kind = op.get("kind") or "elementwise"
+    ops = _json(op.get("ops")) or []
+    attrs = _json(op.get("attrs")) or {}
+    ins = _json(op.get("input_shapes")) or []
+    outs = _json(op.get("output_shapes")) or []
+    dtypes = _json(op.get("output_dtypes")) or _json(op.get("input_dtypes")) or ["float32"]
+    flops = float(op.get("flops") or 0.0)
+    nbytes = float(op.get("bytes") or 0.0)
+    intensity = op.get("arithmetic_intensity")
+    if intensity is None:
+        intensity = flops / nbytes if nbytes else 0.0
+    in0 = ins[0] if ins else []
+    in1 = ins[1] if len(ins) > 1 else []
+    out0 = outs[0] if outs else []
+    row = [1.0 if kind == k else 0.0 for k in KINDS]
+    row += [float(len(ops)), float(len(ins)), float(len(outs)), _log2(flops), _log2(nbytes), float(intensity),
+            _log2(_numel(out0)), _log2(_numel(in0)), _log2(sum(_numel(s) for s in ins)),
+            float(_DTYPE_BYTES.get(dtypes[0], 4)), float(len(out0))]
+    row += _dims(in0) + _dims(in1) + _dims(out0)
+    stride = _pair(attrs.get("strides"))
+    if kind in ("conv2d", "conv_transpose") and len(in1) >= 4:
+        kernel = (float(in1[-2]), float(in1[-1]))
+    else:
+        kernel = _pair(attrs.get("pool_size"), 0)
+    padding = attrs.get("padding") or []
+    pad_sum = float(sum(padding)) if isinstance(padding, list) else float(padding or 0)
+    dilation = max(_pair(attrs.get("dilation")))
+    groups = float(attrs.get("groups") or 1)
+    channels = float(in0[1]) if len(in0) >= 2 else 1.0
+    depthwise = 1.0 if kind == "conv2d" and groups > 1 and groups == channels else 0.0
+    names = " ".join(ops)
+    row += [*stride, *kernel, pad_sum, dilation, _log2(groups), depthwise, _log2(channels / groups),
+            1.0 if "relu" in names else 0.0, 1.0 if " add" in f" {names}" else 0.0,
+            1.0 if ("multiply" in names or "subtract" in names) else 0.0]
+    return row
+
+
+def kernel_feature_names() -> list[str]:
+    """Names of :func:`kernel_features`' entries, in order."""
+    return ["log2_blocks", "threads", "registers", "log2_smem", "occupancy", "sms_used", "num_kernels"]
+
+
+def kernel_features(op: dict[str, Any]) -> list[float]:
+    """Features of the compiled kernel(s) of one operator; NaN where unknown."""
+    grid = _json(op.get("grid")) or []
+    blocks = sum(_numel(g) for g in grid) if grid else math.nan
+    smem = (op.get("static_smem") or 0) + (op.get("dynamic_smem") or 0) if op.get("threads") is not None else None
+
+    def num(key: str) -> float:
+        value = op.get(key)
+        return math.nan if value is None else float(value)
+
+    return [_log2(blocks), num("threads"), num("registers"), _log2(smem), num("occupancy"), num("sms_used"),
+            num("num_kernels")]
+
+
+def operator_feature_names(feature_set: str = "graph") -> list[str]:
+    """The column names of :func:`operator_matrix` for a feature set."""
+    return graph_feature_names() + (kernel_feature_names() if feature_set == "graph+kernel" else [])
+
+
+def operator_matrix(ops: Sequence[dict[str, Any]], feature_set: str = "graph") -> np.ndarray:
+    """One feature row per operator."""
+    width = len(operator_feature_names(feature_set))
+    rows = [graph_features(op) + (kernel_features(op) if feature_set == "graph+kernel" else []) for op in ops]
+    return np.asarray(rows, dtype="float64").reshape(len(rows), width)
+
+
+def task_signature(op: dict[str, Any]) -> str:
+    """What makes two operators the same computation across models: kind, fused operators, shapes,
+    dtypes and attributes (the ``by_task`` split's group)."""
+    from ..utils import digest
+
+    return digest([op.get("kind"), _json(op.get("ops")), _json(op.get("input_shapes")),
+                   _json(op.get("output_shapes")), _json(op.get("input_dtypes")), _json(op.get("attrs"))])
+
+
+CORUN_SLOTS = 4  # members whose solo times are kept, largest first
+
+
+def corun_feature_names() -> list[str]:
+    """Names of :func:`corun_features`' entries, in order."""
+    names = ["size", "log_sum_solo", "log_max_solo", "max_over_sum", "min_over_max"]
+    names += [f"solo_share{i}" for i in range(CORUN_SLOTS)]
+    names += ["log2_sum_flops", "log2_sum_bytes", "log2_max_flops", "sum_sms_over_device", "max_sms_over_device",
+              "sum_blocks_log2"]
+    names += [f"kinds={k}" for k in KINDS]
+    return names
+
+
+def corun_features(members: Sequence[dict[str, Any]], solo_s: Sequence[float], device_sms: float | None
+                   ) -> list[float]:
+    """Features of a co-run group from its members (operator dicts) and their solo latencies."""
+    solo = [max(float(s), 1e-9) for s in solo_s]
+    total, top = sum(solo), max(solo)
+    shares = sorted((s / total for s in solo), reverse=True)[:CORUN_SLOTS]
+    shares += [0.0] * (CORUN_SLOTS - len(shares))
+    flops = [float(m.get("flops") or 0.0) for m in members]
+    nbytes = [float(m.get("bytes") or 0.0) for m in members]
+    sms = [m.get("sms_used") for m in members]
+    if device_sms and all(s is not None for s in sms):
+        sum_sms, max_sms = sum(sms) / device_sms, max(sms) / device_sms
+    else:
+        sum_sms = max_sms = math.nan
+    grids = [_json(m.get("grid")) for m in members]
+    blocks = sum(sum(_numel(g) for g in grid) for grid in grids if grid) if all(grids) else math.nan
+    kinds = [m.get("kind") for m in members]
+    row = [float(len(solo)), math.log(total), math.log(top), top / total, min(solo) / top, *shares,
+           _log2(sum(flops)), _log2(sum(nbytes)), _log2(max(flops)), sum_sms, max_sms, _log2(blocks)]
+    row += [float(kinds.count(k)) for k in KINDS]
+    return row
+
+
+def member_feature_names() -> list[str]:
+    """Names of :func:`member_features`' entries (one member of a co-run group), in order."""
+    return ["own_solo_share", "own_log_solo", "others_log_sum_solo", "own_sms_over_device", *corun_feature_names()]
+
+
+def member_features(group: list[float], own: dict[str, Any], own_solo: float, solo_s: Sequence[float],
+                    device_sms: float | None) -> list[float]:
+    """Features of one member of a co-run group (for its slowdown), ``group`` from :func:`corun_features`."""
+    total = sum(max(float(s), 1e-9) for s in solo_s)
+    own_solo = max(float(own_solo), 1e-9)
+    others = max(total - own_solo, 1e-9)
+    sms = own.get("sms_used")
+    return [own_solo / total, math.log(own_solo), math.log(others),
+            sms / device_sms if (device_sms and sms is not None) else math.nan, *group]
+
+
+__all__ = ["CORUN_SLOTS", "FEATURE_SETS", "KINDS", "corun_feature_names", "corun_features",
+           "graph_feature_names", "graph_features", "kernel_feature_names", "kernel_features",
+           "member_feature_names", "member_features", "operator_feature_names", "operator_matrix",
+           "task_signature"]

@@ -1,0 +1,133 @@
+"""Operator latency predictor: one operator's latency on one device from its features.
+
+XGBoost regression on ``log(latency)`` over :mod:`opbench.predict.features` (graph features by
+default, which need no compilation; ``graph+kernel`` adds the compiled kernel's resources).
+Trained on the ``operators`` table's rows of one device and one kernel configuration
+(``default`` kernels unless told).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+from .base import Predictor, dataset_rows, xgb_regressor
+from .features import FEATURE_SETS, operator_feature_names, operator_matrix, task_signature
+from .metrics import regression_metrics
+from .splits import check_split, folds
+
+MIN_ROWS = 20
+
+
+class LatencyPredictor(Predictor):
+    """Predicts seconds per operator; ``meta['feature_set']`` says which features it needs."""
+
+    what = "latency"
+
+    @classmethod
+    def fit(cls, ops: Sequence[dict[str, Any]], feature_set: str = "graph", seed: int = 0,
+            meta: dict[str, Any] | None = None) -> LatencyPredictor:
+        """Train on operator rows (``latency_median_s`` and the feature columns)."""
+        y = np.log(np.array([float(r["latency_median_s"]) for r in ops]))
+        obj = cls({**(meta or {}), "feature_set": feature_set, "features": operator_feature_names(feature_set),
+                   "n_rows": len(ops)})
+        obj.boosters["latency"] = xgb_regressor(operator_matrix(ops, feature_set), y, seed=seed)
+        return obj
+
+    @property
+    def feature_set(self) -> str:
+        return str(self.meta.get("feature_set", "graph"))
+
+    def predict(self, ops: Sequence[dict[str, Any]]) -> np.ndarray:
+        """Seconds per operator (dataset rows or ``OpNode.to_dict()``, with kernel resources when the
+        predictor was trained with them)."""
+        if self.feature_set == "graph+kernel":
+            missing = [i for i, op in enumerate(ops) if op.get("threads") is None and op.get("grid") is None]
+            if missing:
+                raise OpBenchError(f"this latency predictor needs kernel resources (trained with graph+kernel "
+                                   f"features), which {len(missing)} operator(s) lack: compile them first, or "
+                                   "train with --features graph")
+        return np.exp(self.booster_predict("latency", operator_matrix(ops, self.feature_set)))
+
+
+def latency_rows(path: str, device: str | None = None, config: str = "default") -> tuple[list[dict[str, Any]], str]:
+    """The measured operator rows of one device and kernel configuration."""
+    rows, device_name = dataset_rows(path, "operators", device)
+    rows = [r for r in rows if r.get("config") == config and r.get("latency_median_s")]
+    return rows, device_name
+
+
+def sampled(row: dict[str, Any]) -> bool:
+    """Whether a row is a sampled operator (the ``simple`` model ``kernels``): such rows train every
+    fold and are never held out, since no user's model is made of them."""
+    return row.get("source") == "simple" and row.get("model") == "kernels"
+
+
+def group_of(rows: Sequence[dict[str, Any]], split: str) -> list[str]:
+    """Each row's group for ``split``: its model, or its task signature."""
+    if split == "by_model":
+        return [r["workload_id"] for r in rows]
+    return [task_signature(r) for r in rows]
+
+
+def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set: str = "graph", seed: int = 0
+             ) -> dict[str, Any]:
+    """Cross-validated held-out metrics (see :mod:`opbench.predict.splits`)."""
+    check_split(split)
+    if feature_set not in FEATURE_SETS:
+        raise OpBenchError(f"unknown --features '{feature_set}' (accepted: {', '.join(FEATURE_SETS)})")
+    if len(rows) < MIN_ROWS:
+        raise OpBenchError(f"too few measured operator rows for training: {len(rows)} (needed: at least {MIN_ROWS})")
+    extra = [r for r in rows if sampled(r)]
+    rows = [r for r in rows if not sampled(r)]
+    if len(rows) < 2:
+        raise OpBenchError(f"too few measured operator rows of models to hold out: {len(rows)} (needed: at least 2)")
+    groups = group_of(rows, split)
+    predicted = np.zeros(len(rows))
+    n_train = []
+    for train, test in folds(groups, split, k, seed):
+        model = LatencyPredictor.fit([rows[i] for i in train] + extra, feature_set, seed)
+        predicted[test] = model.predict([rows[i] for i in test])
+        n_train.append(len(train) + len(extra))
+    measured = np.array([float(r["latency_median_s"]) for r in rows])
+    model_groups = [r["workload_id"] for r in rows]
+    metrics = regression_metrics(measured, predicted, model_groups)
+    per_kind: dict[str, Any] = {}
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        kinds[r["kind"]].append(i)
+    for kind, idx in sorted(kinds.items()):
+        sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
+        per_kind[kind] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
+    models: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        models[r["workload_id"]].append(i)
+    held_out = []
+    for wid, idx in models.items():
+        m, p = float(measured[idx].sum()), float(predicted[idx].sum())
+        held_out.append({"model": rows[idx[0]]["model"], "workload_id": wid, "operators": len(idx),
+                         "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
+    return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "folds": len(n_train), "metrics": metrics,
+            "per_kind": per_kind, "held_out": sorted(held_out, key=lambda h: h["model"]),
+            "predicted": predicted}
+
+
+def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) -> list[dict[str, Any]]:
+    """Every operator of ``workload`` with its predicted latency: extraction (lowering and fusion)
+    only, nothing is compiled or run."""
+    from ..ir import extract_operators
+
+    _lowered, graph = extract_operators(workload.mod, target)
+    ops = [node.to_dict() for node in graph]
+    seconds = predictor.predict(ops)
+    return [{"op_index": op["index"], "func": op["func"], "kind": op["kind"],
+             "output": " ".join("x".join(str(d) for d in s) for s in op["output_shapes"]),
+             "flops": op["flops"], "bytes": op["bytes"], "predicted_ms": float(t) * 1e3}
+            for op, t in zip(ops, seconds, strict=True)]
+
+
+__all__ = ["MIN_ROWS", "LatencyPredictor", "evaluate", "group_of", "latency_rows", "predict_workload", "sampled"]

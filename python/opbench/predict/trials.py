@@ -1,0 +1,246 @@
+"""Tuning-trial predictor: rank a task's candidate schedules (TenSet's setting).
+
+Each stored trial (a MetaSchedule trace) is replayed on its task's module, and MetaSchedule's own
+feature extractor (``PerStoreFeature``) describes it; MetaSchedule's ``XGBModel`` learns the
+candidate's speed relative to its task's best (``best / latency``). The task modules come from
+re-extracting the model each trial row names (its ``workload`` column), so the dataset needs no
+copy of them.
+
+The saved predictor is that ``XGBModel`` with its training data, in MetaSchedule's own file
+format: ``--pretrained`` loads it as the tuning cost model, which predicts with it from the first
+round and retrains on old and new measurements together as tuning goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+from .base import Predictor, dataset_rows, read_json
+from .metrics import pairwise, r2, rmse, top_k
+from .splits import check_split, folds
+
+log = logging.getLogger("opbench")
+MIN_TASKS = 2
+MIN_TRIALS = 2
+
+
+def _target_for(target_json: Any, kind: str) -> Any:
+    """The tuning target of a stored trial row, without needing its device here."""
+    import tvm
+
+    config = read_json(target_json) if isinstance(target_json, str) and target_json.startswith("{") else None
+    target = tvm.target.Target(config or target_json)
+    if kind == "cuda":  # MetaSchedule's GPU rules read the device limits from the target
+        config = {**target.export(), "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
+                  "thread_warp_size": 32, "max_num_threads": 1024}
+        config["keys"] = list(config.get("keys", ()))
+        return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
+    if "num-cores" not in target.attrs:
+        return tvm.target.Target({**target.export(), "num-cores": 1})
+    return target
+
+
+def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:
+    """``(workload_id, task) -> (task module, tuning target)`` for every task the rows name."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..ir import extract_operators
+    from ..models import load_workload
+
+    wanted: dict[str, set[str]] = defaultdict(set)
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        wanted[r["workload_id"]].add(r["task"])
+        first.setdefault(r["workload_id"], r)
+    out = {}
+    for wid, tasks in wanted.items():
+        row = first[wid]
+        fp = read_json(row["workload"]) or {}
+        options = dict(fp.get("options") or {})
+        kind = "cuda" if "cuda" in str(row["target"]) else "llvm"
+        target = _target_for(row["target"], kind)
+        log.info("re-extracting the tasks of %s (%s) for %d trial task(s)", fp.get("model"), fp.get("source"),
+                 len(tasks))
+        name = fp["model"]
+        if fp["source"] == "simple":  # its options are part of the name: matmul:n=32
+            extra = ",".join(f"{k}={v}" for k, v in options.items() if k != "seed")
+            name, options = (f"{name}:{extra}" if extra else name), {"seed": options.get("seed", 0)}
+        try:
+            workload = load_workload(fp["source"], name, fp.get("batch_size", 1), **options)
+        except Exception as err:  # a model that cannot be loaded here: its trials are skipped
+            log.warning("cannot load %s to replay its trials: %s", fp.get("model"), err)
+            continue
+        if workload.workload_id != wid:
+            log.warning("%s loads as another workload here (%s, not %s): its trials are skipped",
+                        fp.get("model"), workload.workload_id, wid)
+            continue
+        lowered, _graph = extract_operators(workload.mod, target)
+        for task in ms.relax_integration.extract_tasks(lowered, target):
+            if task.task_name in tasks:
+                out[(wid, task.task_name)] = (task.dispatched[0], target)
+    return out
+
+
+def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndarray | None]:
+    """``PerStoreFeature`` rows of each trace replayed on ``mod`` (None where it cannot be replayed)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule import TuneContext
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
+    from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+    from tvm.s_tir.schedule import Trace
+
+    context = TuneContext(mod=mod, target=target)
+    candidates, where = [], []
+    for i, trace in enumerate(traces):
+        try:
+            sch = Schedule(mod)
+            Trace.apply_json_to_schedule(read_json(trace), sch)
+            candidates.append(MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+            where.append(i)
+        except Exception:  # a trace from another TVM version or module
+            continue
+    out: list[np.ndarray | None] = [None] * len(traces)
+    if candidates:
+        for i, feats in zip(where, PerStoreFeature().extract_from(context, candidates), strict=True):
+            out[i] = feats.numpy().astype("float32")
+    return out
+
+
+def trial_examples(path: str, device: str | None = None) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
+    """Per task: its trials' features and latencies (``xs``, ``latency``), model, weight and group hash."""
+    rows, device_name = dataset_rows(path, "trials", device)
+    modules = task_modules(rows)
+    by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_task[(r["workload_id"], r["task"])].append(r)
+    out = {}
+    for key, trows in by_task.items():
+        if key not in modules:
+            continue
+        mod, target = modules[key]
+        feats = trial_features(mod, target, [r["trace"] for r in trows])
+        kept = [(f, float(r["latency_median_s"])) for f, r in zip(feats, trows, strict=True) if f is not None]
+        if len(kept) < MIN_TRIALS:
+            continue
+        from tvm.s_tir.meta_schedule.utils import shash2hex
+
+        out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]),
+                    "model": trows[0]["model"], "workload_id": key[0], "task": key[1],
+                    "weight": float(trows[0].get("task_weight") or 1), "group_hash": shash2hex(mod),
+                    "target_kind": "cuda" if "cuda" in str(trows[0]["target"]) else "llvm"}
+    return out, device_name
+
+
+def _xgb_model(seed: int = 0) -> Any:
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+    return XGBModel(extractor="per-store-feature", config=XGBConfig(seed=seed, nthread=None),
+                    adaptive_training=True, verbose_eval=10**9)
+
+
+def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0) -> Any:
+    """MetaSchedule's ``XGBModel`` holding the tasks' data (one feature group per task) and trained on it."""
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+    model = _xgb_model(seed)
+    for t in tasks:
+        model.data[t["group_hash"]] = FeatureGroup(group_hash=t["group_hash"], features=list(t["xs"]),
+                                                   costs=t["latency"].astype("float32"))
+        model.data_size += len(t["xs"])
+    xs = [x for t in tasks for x in t["xs"]]
+    ys = np.concatenate([t["latency"].min() / t["latency"] for t in tasks])
+    model._train(xs=xs, ys=ys)  # noqa: SLF001 (MetaSchedule's training entry)
+    model.last_train_size = model.data_size
+    return model
+
+
+class TrialsPredictor(Predictor):
+    """MetaSchedule's ``XGBModel`` (saved in its own format) with the facts of its training."""
+
+    what = "trials"
+
+    @classmethod
+    def fit(cls, tasks: Sequence[dict[str, Any]], seed: int = 0, meta: dict[str, Any] | None = None
+            ) -> TrialsPredictor:
+        obj = cls({**(meta or {}), "features": "MetaSchedule PerStoreFeature",
+                   "n_rows": sum(len(t["xs"]) for t in tasks), "tasks": len(tasks)})
+        obj.model = fit_xgb(tasks, seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            file = Path(tmp) / "xgb_model.tar"
+            obj.model.save(str(file))
+            obj.blobs["metaschedule_xgb.tar"] = file.read_bytes()
+        return obj
+
+    def cost_model(self) -> Any:
+        """A MetaSchedule ``XGBModel`` loaded from this predictor (a fresh one per call)."""
+        model = _xgb_model()
+        with tempfile.TemporaryDirectory() as tmp:
+            file = Path(tmp) / "xgb_model.tar"
+            file.write_bytes(self.blobs["metaschedule_xgb.tar"])
+            model.load(str(file))
+        model.last_train_size = model.data_size
+        return model
+
+    def score(self, xs: Sequence[np.ndarray]) -> np.ndarray:
+        """Predicted relative speed of candidates (higher is faster)."""
+        if not hasattr(self, "model"):
+            self.model = self.cost_model()
+        return self.model._predict(xs=list(xs))  # noqa: SLF001
+
+
+def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0
+             ) -> dict[str, Any]:
+    """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task."""
+    check_split(split)
+    items = list(tasks.values())
+    if len(items) < MIN_TASKS:
+        raise OpBenchError(f"too few tuned tasks with at least {MIN_TRIALS} valid trials: {len(items)} "
+                           f"(needed: at least {MIN_TASKS}; tune with --iftune true)")
+    # one entry per candidate: (task index, candidate index)
+    entries = [(t, c) for t, item in enumerate(items) for c in range(len(item["xs"]))]
+    if split == "within_task":
+        labels = [t for t, _ in entries]
+    elif split == "by_task":
+        labels = [t for t, _ in entries]
+    else:
+        labels = [items[t]["workload_id"] for t, _ in entries]
+    scores = np.zeros(len(entries))
+    n_train = []
+    for train, test in folds(labels, split, k, seed):
+        chosen: dict[int, list[int]] = defaultdict(list)
+        for i in train:
+            t, c = entries[i]
+            chosen[t].append(c)
+        part = [{**items[t], "xs": [items[t]["xs"][c] for c in cs], "latency": items[t]["latency"][cs]}
+                for t, cs in chosen.items() if len(cs) >= 1]
+        model = fit_xgb(part, seed)
+        scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
+        n_train.append(len(train))
+    latency = np.array([items[t]["latency"][c] for t, c in entries])
+    groups = [t for t, _ in entries]
+    ratio = np.array([items[t]["latency"].min() / items[t]["latency"][c] for t, c in entries])
+    weights = {t: items[t]["weight"] for t in range(len(items))}
+    metrics = {"mape": None, "within_10pct": None, "rmse": rmse(ratio, scores), "r2": r2(ratio, scores),
+               "pairwise": pairwise(-latency, scores, groups), "top1": top_k(latency, scores, groups, 1, weights),
+               "top5": top_k(latency, scores, groups, 5, weights)}
+    held_out = []
+    for t, item in enumerate(items):
+        idx = [i for i, g in enumerate(groups) if g == t]
+        held_out.append({"model": item["model"], "task": item["task"], "trials": len(idx),
+                         "pairwise": pairwise(-latency[idx], scores[idx], [t] * len(idx)),
+                         "top1": top_k(latency[idx], scores[idx], [t] * len(idx), 1)})
+    return {"n_train": int(np.mean(n_train)), "n_test": len(entries), "folds": len(n_train), "metrics": metrics,
+            "per_kind": {}, "held_out": held_out}
+
+
+__all__ = ["TrialsPredictor", "evaluate", "fit_xgb", "task_modules", "trial_examples", "trial_features"]

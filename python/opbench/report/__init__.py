@@ -1,0 +1,78 @@
+"""The HTML report of a dataset: ``opbench report --dataset PATH --out DIR``.
+
+:func:`write_report` draws the figures of :mod:`opbench.report.figures` as PNG files in ``DIR``
+and writes ``DIR/index.html``, which embeds them (it opens offline, on its own) and links each
+PNG file. A figure whose data the dataset lacks (no co-runs, no trials) is replaced by a line
+saying what to collect.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpBenchError
+
+log = logging.getLogger("opbench")
+
+
+def write_report(dataset: str | Path, out: str | Path, device: str | None = None, schedule: str | None = None,
+                 schedule_model: str | None = None) -> Path:
+    """Write the figures and ``index.html`` into ``out``; returns the index path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from . import figures
+
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OpBenchError(f"cannot create the report folder '{out}': {err.strerror}") from None
+    data = figures.ReportData.load(dataset, device)
+    sections: list[tuple[str, str, str | None, str]] = []  # title, file, note if missing, caption
+    for title, name, draw in figures.FIGURES:
+        start = time.perf_counter()
+        try:
+            caption = draw(data, out / name, schedule=schedule, schedule_model=schedule_model)
+        except figures.Missing as missing:
+            sections.append((title, name, str(missing), ""))
+            log.info("report: %s skipped (%s)", title, missing)
+            continue
+        sections.append((title, name, None, caption))
+        log.info("report: %s (%.1f s)", title, time.perf_counter() - start)
+    index = out / "index.html"
+    index.write_text(_html(data, sections, out))
+    return index
+
+
+def _html(data: Any, sections: list[tuple[str, str, str | None, str]], out: Path) -> str:
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>OpBench report</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "img{max-width:100%;border:1px solid #ddd}figure{margin:2em 0}figcaption{color:#555}"
+        "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right}"
+        "th:first-child,td:first-child{text-align:left}.missing{color:#a33}</style></head><body>",
+        "<h1>OpBench report</h1>",
+        f"<p>Dataset <code>{html.escape(str(data.path))}</code>, device <b>{html.escape(data.device)}</b>: "
+        f"{len(data.models)} models, {len(data.ops)} measured operators, {len(data.coruns)} co-run groups, "
+        f"{len(data.trials)} tuning trials.</p>",
+        data.summary_table(),
+    ]
+    for title, name, missing, caption in sections:
+        parts.append(f"<figure><h2>{html.escape(title)}</h2>")
+        if missing:
+            parts.append(f"<p class='missing'>Not drawn: {html.escape(missing)}</p></figure>")
+            continue
+        encoded = base64.b64encode((out / name).read_bytes()).decode()
+        parts.append(f"<a href='{name}'><img src='data:image/png;base64,{encoded}' alt='{html.escape(title)}'></a>")
+        parts.append(f"<figcaption>{html.escape(caption)} (<a href='{name}'>{name}</a>)</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+__all__ = ["write_report"]

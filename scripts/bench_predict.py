@@ -1,0 +1,180 @@
+"""The predictors' benchmark: held-out metrics on a dataset, and schedules found with predicted costs.
+
+``--part metrics`` (any machine) trains every predictor on the dataset with its held-out split and
+writes ``DIR/predict_metrics.json``; it also saves the predictors used by the schedule part, trained
+without the models that part schedules (``--schedule-models``), into ``--predictors DIR``.
+
+``--part pretrained`` tunes the heaviest tasks of a model (``--tune-model``) with plain ``xgb`` and
+with ``--pretrained`` (a trials predictor trained on other models), and writes each task's best
+latency by trial and the trials the pretrained run needs to reach plain xgb's final result.
+
+``--part schedules`` (a GPU) runs ``opbench compare`` on each of ``--schedule-models`` with the ios
+scheduler on measured stages (``ios-measured``), on the scheduling cost over measured operator times
+(``ios``) and on predicted costs (``ios-predicted``, ``greedy-predicted``), all measured in one run,
+and writes ``DIR/predict_schedules.json`` with each one's latency and search time.
+
+    PYTHONPATH=python python3 scripts/bench_predict.py --part metrics --out data/benchmarks
+    PYTHONPATH=python python3 scripts/bench_predict.py --part schedules --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+DATASET = ROOT / "data" / "dataset" / "h100.sqlite.gz"
+PREDICTORS = ROOT / "data" / "predictors"
+
+
+def metrics(args: argparse.Namespace) -> dict:
+    from opbench.predict import train
+
+    runs = [("latency", "by_model", "graph"), ("latency", "by_model", "graph+kernel"),
+            ("latency", "by_task", "graph"), ("latency", "within_task", "graph"),
+            ("corun", "by_model", "graph"), ("corun", "by_task", "graph"),
+            ("trials", "by_task", "graph"), ("trials", "within_task", "graph")]
+    out = {"dataset": str(Path(args.dataset).relative_to(ROOT)) if Path(args.dataset).is_relative_to(ROOT)
+           else str(args.dataset), "results": []}
+    for what, split, features in runs:
+        start = time.perf_counter()
+        result = train(args.dataset, what, split, features=features)
+        result = {k: v for k, v in result.items() if k not in ("model_file",)}
+        out["results"].append(result)
+        m = result["metrics"]
+        print(f"{what:<8}{split:<12}{features:<13} " + "  ".join(
+            f"{k} {v:.3f}" for k, v in m.items() if v is not None) + f"  ({time.perf_counter() - start:.0f} s)",
+            flush=True)
+    exclude = [m.strip() for m in args.schedule_models.split(",")]
+    Path(args.predictors).mkdir(parents=True, exist_ok=True)
+    saved = {}
+    for what, features, name in [("latency", "graph+kernel", "latency_kernel"), ("latency", "graph", "latency_graph"),
+                                 ("corun", "graph", "corun")]:
+        file = Path(args.predictors) / f"h100_{name}_without_{'_'.join(exclude)}.opm"
+        train(args.dataset, what, "by_model", file, features=features, exclude=exclude)
+        saved[name] = str(file.relative_to(ROOT)) if file.is_relative_to(ROOT) else str(file)
+    out["predictors_without"] = {"models": exclude, "files": saved}
+    return out
+
+
+def schedules(args: argparse.Namespace) -> dict:
+    exclude = [m.strip() for m in args.schedule_models.split(",")]
+    suffix = "_".join(exclude)
+    lat = Path(args.predictors) / f"h100_latency_kernel_without_{suffix}.opm"
+    cor = Path(args.predictors) / f"h100_corun_without_{suffix}.opm"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    out: dict = {"predictors": [str(lat), str(cor)], "models": {}}
+    for model in exclude:
+        file = Path(args.out) / f"compare_{model}.json"
+        cmd = [sys.executable, "-m", "opbench", "compare", "--modelsource", "local", "--modelname", model,
+               "--target", "cuda", "--schedulers", "sequential,greedy,ios", "--ios-cost", "model,measured",
+               "--cost", "measured,predicted", "--predictor", f"{lat},{cor}", "--json", str(file)]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(proc.stdout[-2500:], flush=True)
+        if proc.returncode != 0:
+            out["models"][model] = {"exit": proc.returncode, "tail": proc.stdout[-1500:]}
+            continue
+        table = json.loads(file.read_text())
+        rows = {r["schedule"]: r for r in table["schedules"]}
+        summary = {name: {k: rows[name].get(k) for k in ("latency_ms", "scheduling_ms", "streams", "speedup")}
+                   for name in rows}
+        ref, pred = rows.get("ios-measured"), rows.get("ios-predicted")
+        if ref and pred:
+            summary["ios_predicted_over_measured_latency"] = pred["latency_ms"] / ref["latency_ms"]
+            summary["ios_search_speedup"] = ref["scheduling_ms"] / max(pred["scheduling_ms"], 1e-9)
+        summary["critical_path_ms"] = table["critical_path"]["chain_ms"]
+        summary["seconds"] = time.perf_counter() - start
+        out["models"][model] = summary
+    return out
+
+
+def pretrained(args: argparse.Namespace) -> dict:
+    """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side."""
+    import sqlite3
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    out: dict = {"model": args.tune_model, "target": args.target, "trials": args.trials, "tune_tasks": args.tune_tasks,
+                 "predictor": args.pretrained, "runs": {}}
+    curves: dict = {}
+    for arm in ("xgb", "xgb-pretrained"):
+        data = Path(args.out) / f"tune_{arm}.sqlite"
+        cmd = [sys.executable, "-m", "opbench", "collect", "--modelsource", "local", "--modelname", args.tune_model,
+               "--target", args.target, "--dataset", str(data), "--iftune", "true", "--tuner", "xgb",
+               "--trials", str(args.trials), "--tune-tasks", str(args.tune_tasks), "-q"]
+        if arm == "xgb-pretrained":
+            cmd += ["--pretrained", args.pretrained]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(proc.stdout[-2000:], flush=True)
+        out["runs"][arm] = {"exit": proc.returncode, "seconds": time.perf_counter() - start}
+        conn = sqlite3.connect(data)
+        rows = conn.execute("SELECT task, task_weight, trial, latency_median_s FROM trials ORDER BY task, trial")
+        for task, weight, _trial, lat in rows:
+            c = curves.setdefault(task, {"weight": weight}).setdefault(arm, [])
+            best = min([x for x in c[-1:] if x is not None] + ([lat] if lat else []), default=None)
+            c.append(best)
+        conn.close()
+    tasks = {}
+    for task, c in curves.items():
+        plain, pre = c.get("xgb") or [], c.get("xgb-pretrained") or []
+        if not plain or not pre or plain[-1] is None:
+            continue
+        target = plain[-1]
+        reach = next((i + 1 for i, v in enumerate(pre) if v is not None and v <= target), None)
+        tasks[task] = {"weight": c["weight"], "plain_best_ms": target * 1e3, "pretrained_best_ms": pre[-1] * 1e3,
+                       "pretrained_trials_to_plain_best": reach, "plain_trials": len(plain),
+                       "plain_best_ms_by_trial": [v * 1e3 if v else None for v in plain],
+                       "pretrained_best_ms_by_trial": [v * 1e3 if v else None for v in pre]}
+    out["tasks"] = tasks
+    n = args.trials
+
+    def weighted(arm: str, k: int) -> float:
+        return sum(t["weight"] * t[f"{arm}_best_ms_by_trial"][min(k, len(t[f"{arm}_best_ms_by_trial"])) - 1]
+                   for t in tasks.values())
+
+    if tasks:
+        plain_total = weighted("plain", n)
+        out["weighted_plain_best_ms"] = plain_total
+        out["weighted_pretrained_best_ms_by_trial"] = {k: weighted("pretrained", k) for k in (8, 16, n // 3, 32, n)}
+        out["pretrained_trials_to_plain_total"] = next(
+            (k for k in range(1, n + 1) if weighted("pretrained", k) <= plain_total), None)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained"])
+    parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")
+    parser.add_argument("--tune-model", default="googlenet")
+    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--tune-tasks", type=int, default=4)
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--dataset", default=str(DATASET))
+    parser.add_argument("--predictors", default=str(PREDICTORS), help="folder of the saved predictors")
+    parser.add_argument("--schedule-models", default="googlenet,inception_v3")
+    args = parser.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    result = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained}[args.part](args)
+    if args.part == "schedules":
+        try:
+            import torch
+
+            result["device"] = torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 (the figure is informative)
+            result["device"] = None
+    name = f"predict_{args.part}.json"
+    (Path(args.out) / name).write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {Path(args.out) / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Latency and co-run predictors recover known relationships; files are checked on load."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from opbench import OpBenchError
+from opbench.predict import load_predictor, train
+from opbench.predict.latency import latency_rows
+
+from .conftest import DEVICE, latency_law, write_synthetic
+
+pytest.importorskip("xgboost")
+
+
+def test_latency_recovers_the_roofline_on_held_out_models(tmp_path):
+    synthetic = tmp_path / "synthetic.sqlite"
+    write_synthetic(synthetic, per_model=100, coruns=0)
+    result = train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=3)
+    assert result["n_test"] == 6 * 100 and result["folds"] == 3
+    m = result["metrics"]
+    assert m["mape"] < 0.05 and m["within_10pct"] > 0.9 and m["r2"] > 0.8, m
+    assert {h["model"] for h in result["held_out"]} == {f"model{i}" for i in range(6)}
+    # a tree ensemble cannot go above the largest latency it saw: a model whose largest operator is
+    # rarer than the others' may come out lower, the rest are close
+    errors = sorted(abs(h["error"]) for h in result["held_out"])
+    assert errors[-2] < 0.05 and errors[-1] < 0.2, errors
+    model = load_predictor(tmp_path / "lat.opm", "latency")
+    rows, _ = latency_rows(str(synthetic))
+    predicted = model.predict(rows[:20])
+    truth = np.array([latency_law(r["flops"], r["bytes"]) for r in rows[:20]])
+    assert np.all(np.abs(predicted - truth) / truth < 0.15)
+    assert model.device_name == DEVICE and model.meta["target_kind"] == "cuda"
+
+
+def test_corun_recovers_the_group_law(synthetic, tmp_path):
+    result = train(synthetic, "corun", "by_model", tmp_path / "corun.opm", folds=3)
+    m = result["metrics"]
+    assert m["pairwise"] > 0.85 and m["mape"] < 0.1, m
+    model = load_predictor(tmp_path / "corun.opm", "corun")
+    ops = [{"kind": "conv2d", "flops": 1e9, "bytes": 1e6, "sms_used": 100}] * 2
+    together, slowdowns = model.predict(ops, [20e-6, 10e-6], 100)
+    assert together == pytest.approx(25e-6, rel=0.15) and len(slowdowns) == 2
+
+
+def test_bad_inputs_are_one_line_errors(synthetic, tmp_path):
+    train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=2)
+    with pytest.raises(OpBenchError, match="is a latency predictor, not a corun predictor"):
+        load_predictor(tmp_path / "lat.opm", "corun")
+    (tmp_path / "junk.opm").write_text("not a zip")
+    with pytest.raises(OpBenchError, match="is not an OpBench predictor file"):
+        load_predictor(tmp_path / "junk.opm")
+    with pytest.raises(OpBenchError, match="trained on 'Test GPU', not on this device 'Other GPU'"):
+        load_predictor(tmp_path / "lat.opm").check_device("Other GPU", "cuda")
+    with pytest.raises(OpBenchError, match="trained for target 'cuda'"):
+        load_predictor(tmp_path / "lat.opm").check_device(None, "llvm")
+    small = tmp_path / "small.sqlite"
+    write_synthetic(small, models=2, per_model=5, coruns=2)
+    with pytest.raises(OpBenchError, match=r"too few measured operator rows for training: 10 \(needed: at least 20\)"):
+        train(small, "latency", "by_model")
+    with pytest.raises(OpBenchError, match=r"too few measured co-run groups for training: 4 \(needed: at least 20"):
+        train(small, "corun", "by_model")
+    with pytest.raises(OpBenchError, match="unknown --what 'speed'"):
+        train(synthetic, "speed")
+    two = tmp_path / "two.sqlite"
+    write_synthetic(two, models=2)
+    write_synthetic(two, models=2, device="Other GPU", seed=1)
+    with pytest.raises(OpBenchError, match="several devices .*pick one with --device"):
+        train(two, "latency")
+    assert train(two, "latency", "by_model", device="Other GPU", folds=2)["device_name"] == "Other GPU"
+
+
+def test_kernel_features_are_needed_when_trained_with_them(synthetic, tmp_path):
+    train(synthetic, "latency", "by_model", tmp_path / "k.opm", folds=2, features="graph+kernel")
+    model = load_predictor(tmp_path / "k.opm")
+    with pytest.raises(OpBenchError, match="needs kernel resources"):
+        model.predict([{"kind": "conv2d", "flops": 1e9, "bytes": 1e6}])
+    with zipfile.ZipFile(tmp_path / "k.opm") as zf:
+        meta = json.loads(zf.read("meta.json"))
+    assert meta["what"] == "latency" and meta["feature_set"] == "graph+kernel" and "log2_blocks" in meta["features"]
+
+
+def test_excluded_models_are_never_trained_on(synthetic, tmp_path):
+    result = train(synthetic, "latency", "by_model", folds=2, exclude=["model0", "model1"])
+    assert {h["model"] for h in result["held_out"]} == {f"model{i}" for i in range(2, 6)}
+
+
+def test_predict_an_unmeasured_model(synthetic, tmp_path):
+    from opbench.models import load_workload
+    from opbench.predict.latency import predict_workload
+    from opbench.runtime import resolve_target
+
+    train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=2)
+    model = load_predictor(tmp_path / "lat.opm")
+    workload = load_workload("simple", "branchy:branches=2,depth=1,channels=16,size=14")
+    rows = predict_workload(workload, resolve_target("llvm"), model)
+    convs = [r for r in rows if r["kind"] == "conv2d"]
+    assert len(convs) == 4 and all(r["predicted_ms"] > 0 for r in rows)
+    assert [r["op_index"] for r in rows] == list(range(len(rows)))

@@ -1,0 +1,87 @@
+"""`opbench train/predict/report` as a user runs them: outputs, JSON, figures, one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ..helpers import run
+from .conftest import write_synthetic
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "data" / "dataset" / "h100.sqlite.gz"
+
+pytest.importorskip("xgboost")
+
+
+def test_train_json_has_the_documented_fields(synthetic, tmp_path):
+    out = run("train", "--dataset", str(synthetic), "--what", "latency", "--split", "by_model", "--out",
+              str(tmp_path / "m.opm"), "--json", str(tmp_path / "m.json"), "--folds", "3", script=False)
+    assert out.returncode == 0, out.stderr
+    assert "held-out model" in out.stdout and "MAPE" in out.stdout
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert {"what", "split", "n_train", "n_test", "metrics", "per_kind", "held_out"} <= set(data)
+    assert set(data["metrics"]) == {"mape", "within_10pct", "rmse", "r2", "pairwise", "top1", "top5"}
+    assert data["metrics"]["top1"] is None and data["per_kind"]["conv2d"]["n"] == data["n_test"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--what", "speed"], "unknown --what 'speed' (accepted: latency, corun, trials)"),
+    (["--what", "latency", "--split", "random"], "unknown --split 'random' (accepted: within_task, by_task, by_model)"),
+    (["--what", "trials"], "has no measured trials rows (collect with --iftune true)"),
+    (["--what", "latency", "--features", "all"], "unknown --features 'all' (accepted: graph, graph+kernel)"),
+])
+def test_train_bad_input(synthetic, args, message):
+    out = run("train", "--dataset", str(synthetic), *args, script=False)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_predict_refuses_another_kind_of_model_file(synthetic, tmp_path):
+    out = run("train", "--dataset", str(synthetic), "--what", "corun", "--out", str(tmp_path / "c.opm"),
+              "--folds", "2", script=False)
+    assert out.returncode == 0, out.stderr
+    out = run("predict", "--model", str(tmp_path / "c.opm"), "--modelsource", "simple", "--modelname", "branchy",
+              "--target", "cuda", script=False)
+    assert out.returncode == 2 and "is a corun predictor, not a latency predictor" in out.stderr
+
+
+def test_compressed_dataset_is_read_only(tmp_path):
+    from opbench import OpBenchError
+    from opbench.dataset import Dataset
+
+    plain = tmp_path / "d.sqlite"
+    write_synthetic(plain, models=2, per_model=3, coruns=0)
+    packed = tmp_path / "d.sqlite.gz"
+    with open(plain, "rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with Dataset(packed, readonly=True) as ds:
+        assert ds.count("operators") == 6
+    with pytest.raises(OpBenchError, match="is compressed and can only be read"):
+        Dataset(packed)
+
+
+@pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped dataset is not in this checkout")
+def test_report_on_the_shipped_dataset(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run("report", "--dataset", str(SHIPPED), "--out", str(tmp_path / "r"), script=False, timeout=600)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "r" / "index.html").read_text()
+    for name in ("latency_by_kind", "roofline", "corun_speedup", "predicted_vs_measured", "tuning_curves",
+                 "timeline"):
+        png = tmp_path / "r" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"href='{name}.png'" in page
+    assert len(re.findall("data:image/png;base64,", page)) == 6 and "Not drawn" not in page
+
+
+def test_report_says_what_is_missing(synthetic, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run("report", "--dataset", str(synthetic), "--out", str(tmp_path / "r"), script=False)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "Not drawn: no tuning trials (collect with --iftune true)" in page
+    assert (tmp_path / "r" / "roofline.png").exists() and not (tmp_path / "r" / "tuning_curves.png").exists()
