@@ -32,7 +32,8 @@ def add_parsers(sub: Any, formatter: Any, add_common: Any, add_model_flags: Any,
     p.add_argument("--device", default=None, help="device name of the rows to use, when the dataset has several")
     p.add_argument("--features", default="graph",
                    help=f"latency features ({', '.join(FEATURE_SETS)}): graph needs no compilation")
-    p.add_argument("--config", default="default", help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
+    p.add_argument("--config", default="default",
+                   help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and of XGBoost")
     p.add_argument("--exclude", default="", metavar="MODEL[,MODEL]",
                    help="leave these models' rows out entirely (to use the predictor on them afterwards)")
