@@ -36,8 +36,9 @@ PREDICTORS = ROOT / "data" / "predictors"
 def metrics(args: argparse.Namespace) -> dict:
     from opbench.predict import train
 
-    runs = [("latency", "by_model", "graph"), ("latency", "by_model", "graph+kernel"),
-            ("latency", "by_task", "graph"), ("latency", "within_task", "graph"),
+    runs = [("latency", "by_model", "graph"), ("latency", "by_model", "graph+launch"),
+            ("latency", "by_model", "graph+kernel"), ("latency", "by_task", "graph+launch"),
+            ("latency", "within_task", "graph+launch"),
             ("corun", "by_model", "graph"), ("corun", "by_task", "graph"),
             ("trials", "by_task", "graph"), ("trials", "within_task", "graph")]
     out = {"dataset": str(Path(args.dataset).relative_to(ROOT)) if Path(args.dataset).is_relative_to(ROOT)
@@ -54,8 +55,8 @@ def metrics(args: argparse.Namespace) -> dict:
     exclude = [m.strip() for m in args.schedule_models.split(",")]
     Path(args.predictors).mkdir(parents=True, exist_ok=True)
     saved = {}
-    for what, features, name in [("latency", "graph+kernel", "latency_kernel"), ("latency", "graph", "latency_graph"),
-                                 ("corun", "graph", "corun")]:
+    for what, features, name in [("latency", "graph+kernel", "latency_kernel"),
+                                 ("latency", "graph+launch", "latency_launch"), ("corun", "graph", "corun")]:
         file = Path(args.predictors) / f"h100_{name}_without_{'_'.join(exclude)}.opm"
         train(args.dataset, what, "by_model", file, features=features, exclude=exclude)
         saved[name] = str(file.relative_to(ROOT)) if file.is_relative_to(ROOT) else str(file)

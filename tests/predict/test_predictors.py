@@ -94,10 +94,35 @@ def test_predict_an_unmeasured_model(synthetic, tmp_path):
     from opbench.predict.latency import predict_workload
     from opbench.runtime import resolve_target
 
-    train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=2)
+    train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=2, features="graph")
     model = load_predictor(tmp_path / "lat.opm")
     workload = load_workload("simple", "branchy:branches=2,depth=1,channels=16,size=14")
     rows = predict_workload(workload, resolve_target("llvm"), model)
     convs = [r for r in rows if r["kind"] == "conv2d"]
     assert len(convs) == 4 and all(r["predicted_ms"] > 0 for r in rows)
     assert [r["op_index"] for r in rows] == list(range(len(rows)))
+    # graph+launch on a GPU target: the default schedule's launch dimensions, no GPU and no compile needed
+    train(synthetic, "latency", "by_model", tmp_path / "launch.opm", folds=2)
+    launch = load_predictor(tmp_path / "launch.opm")
+    assert launch.feature_set == "graph+launch"
+    cuda = resolve_target({"kind": "cuda", "arch": "sm_90"}, local_device=False)
+    rows = predict_workload(workload, cuda, launch)
+    assert len(rows) == 5 and all(r["predicted_ms"] > 0 for r in rows)  # stem, 2 branches, concat, 1x1
+
+
+def test_launch_dims_without_compiling():
+    from opbench.ir import extract_operators
+    from opbench.models import load_workload
+    from opbench.runtime import resolve_target
+    from opbench.runtime.build import launch_dims
+
+    workload = load_workload("simple", "branchy:branches=2,depth=1,channels=16,size=14")
+    cuda = resolve_target({"kind": "cuda", "arch": "sm_90"}, local_device=False)
+    lowered, graph = extract_operators(workload.mod, cuda)
+    dims = launch_dims(lowered, cuda)
+    assert set(dims) == {n.func for n in graph}
+    for d in dims.values():
+        assert len(d["grid"]) == len(d["block"]) >= 1 and all(len(g) == 3 for g in d["grid"])
+        assert d["threads"] == int(np.prod(d["block"][0])) and 1 <= d["threads"] <= 1024
+    llvm = resolve_target("llvm")
+    assert launch_dims(extract_operators(workload.mod, llvm)[0], llvm) == {}  # CPU kernels launch nothing

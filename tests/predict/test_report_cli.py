@@ -34,7 +34,8 @@ def test_train_json_has_the_documented_fields(synthetic, tmp_path):
     (["--what", "speed"], "unknown --what 'speed' (accepted: latency, corun, trials)"),
     (["--what", "latency", "--split", "random"], "unknown --split 'random' (accepted: within_task, by_task, by_model)"),
     (["--what", "trials"], "has no measured trials rows (collect with --iftune true)"),
-    (["--what", "latency", "--features", "all"], "unknown --features 'all' (accepted: graph, graph+kernel)"),
+    (["--what", "latency", "--features", "all"],
+     "unknown --features 'all' (accepted: graph, graph+launch, graph+kernel)"),
 ])
 def test_train_bad_input(synthetic, args, message):
     out = run("train", "--dataset", str(synthetic), *args, script=False)

@@ -24,7 +24,7 @@ log = logging.getLogger("opbench")
 
 
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
-          seed: int = 0, device: str | None = None, features: str = "graph", config: str = "default",
+          seed: int = 0, device: str | None = None, features: str = "graph+launch", config: str = "default",
           exclude: list[str] | None = None) -> dict[str, Any]:
     """Train a ``what`` predictor on ``dataset``, report held-out metrics, save it to ``out``.
 

@@ -5,7 +5,10 @@ extracted :class:`~opbench.ir.graph.OpNode` (``node.to_dict()``): its kind, the 
 shapes, the main operator's attributes, FLOPs, bytes and arithmetic intensity. These *graph*
 features need no compilation, so a model that was never built can be predicted. The *kernel*
 features (grid, block, registers, shared memory, occupancy, SMs used) come from a compiled kernel
-and are optional: a predictor trained with them needs them at prediction time.
+and are optional: a predictor trained with them needs them at prediction time. The *launch*
+features (thread blocks and threads per block) are the part of them that the default GPU schedule
+decides before any code is generated (:func:`opbench.runtime.build.launch_dims`), so a
+``graph+launch`` predictor still needs no compilation.
 
 A co-run group is described by its members' solo latencies (sorted, padded), their sum, maximum
 and balance, the summed graph features and, where known, the SMs the members occupy together.
@@ -22,7 +25,8 @@ import numpy as np
 
 KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
          "elementwise"]
-FEATURE_SETS = ("graph", "graph+kernel")
+FEATURE_SETS = ("graph", "graph+launch", "graph+kernel")
+LAUNCH_FEATURES = 2  # the first kernel features: thread blocks and threads per block
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
                 "int64": 8, "bool": 1}
 _DIMS = 4  # shape dimensions kept per tensor (leading dimensions padded with 1)
@@ -131,15 +135,20 @@ def kernel_features(op: dict[str, Any]) -> list[float]:
             num("num_kernels")]
 
 
+def _extra(feature_set: str) -> int:
+    return {"graph": 0, "graph+launch": LAUNCH_FEATURES, "graph+kernel": len(kernel_feature_names())}[feature_set]
+
+
 def operator_feature_names(feature_set: str = "graph") -> list[str]:
     """The column names of :func:`operator_matrix` for a feature set."""
-    return graph_feature_names() + (kernel_feature_names() if feature_set == "graph+kernel" else [])
+    return graph_feature_names() + kernel_feature_names()[:_extra(feature_set)]
 
 
 def operator_matrix(ops: Sequence[dict[str, Any]], feature_set: str = "graph") -> np.ndarray:
     """One feature row per operator."""
-    width = len(operator_feature_names(feature_set))
-    rows = [graph_features(op) + (kernel_features(op) if feature_set == "graph+kernel" else []) for op in ops]
+    extra = _extra(feature_set)
+    width = len(graph_feature_names()) + extra
+    rows = [graph_features(op) + (kernel_features(op)[:extra] if extra else []) for op in ops]
     return np.asarray(rows, dtype="float64").reshape(len(rows), width)
 
 
@@ -204,7 +213,7 @@ def member_features(group: list[float], own: dict[str, Any], own_solo: float, so
             sms / device_sms if (device_sms and sms is not None) else math.nan, *group]
 
 
-__all__ = ["CORUN_SLOTS", "FEATURE_SETS", "KINDS", "corun_feature_names", "corun_features",
+__all__ = ["CORUN_SLOTS", "FEATURE_SETS", "KINDS", "LAUNCH_FEATURES", "corun_feature_names", "corun_features",
            "graph_feature_names", "graph_features", "kernel_feature_names", "kernel_features",
            "member_feature_names", "member_features", "operator_feature_names", "operator_matrix",
            "task_signature"]

@@ -1,7 +1,8 @@
 """Operator latency predictor: one operator's latency on one device from its features.
 
-XGBoost regression on ``log(latency)`` over :mod:`opbench.predict.features` (graph features by
-default, which need no compilation; ``graph+kernel`` adds the compiled kernel's resources).
+XGBoost regression on ``log(latency)`` over :mod:`opbench.predict.features`: ``graph`` features,
+``graph+launch`` (default; adds the default schedule's thread blocks and threads per block, known
+without compiling) or ``graph+kernel`` (adds the compiled kernel's resources).
 Trained on the ``operators`` table's rows of one device and one kernel configuration
 (``default`` kernels unless told).
 """
@@ -29,7 +30,7 @@ class LatencyPredictor(Predictor):
     what = "latency"
 
     @classmethod
-    def fit(cls, ops: Sequence[dict[str, Any]], feature_set: str = "graph", seed: int = 0,
+    def fit(cls, ops: Sequence[dict[str, Any]], feature_set: str = "graph+launch", seed: int = 0,
             meta: dict[str, Any] | None = None) -> LatencyPredictor:
         """Train on operator rows (``latency_median_s`` and the feature columns)."""
         y = np.log(np.array([float(r["latency_median_s"]) for r in ops]))
@@ -50,7 +51,7 @@ class LatencyPredictor(Predictor):
             if missing:
                 raise OpBenchError(f"this latency predictor needs kernel resources (trained with graph+kernel "
                                    f"features), which {len(missing)} operator(s) lack: compile them first, or "
-                                   "train with --features graph")
+                                   "train with --features graph+launch")
         return np.exp(self.booster_predict("latency", operator_matrix(ops, self.feature_set)))
 
 
@@ -74,7 +75,7 @@ def group_of(rows: Sequence[dict[str, Any]], split: str) -> list[str]:
     return [task_signature(r) for r in rows]
 
 
-def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set: str = "graph", seed: int = 0
+def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set: str = "graph+launch", seed: int = 0
              ) -> dict[str, Any]:
     """Cross-validated held-out metrics (see :mod:`opbench.predict.splits`)."""
     check_split(split)
@@ -117,12 +118,18 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
 
 
 def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) -> list[dict[str, Any]]:
-    """Every operator of ``workload`` with its predicted latency: extraction (lowering and fusion)
-    only, nothing is compiled or run."""
+    """Every operator of ``workload`` with its predicted latency: extraction (lowering and fusion) and,
+    for ``graph+launch`` features on a GPU target, the default schedule's launch dimensions; nothing is
+    compiled or run."""
     from ..ir import extract_operators
+    from ..runtime.build import launch_dims
 
-    _lowered, graph = extract_operators(workload.mod, target)
+    lowered, graph = extract_operators(workload.mod, target)
     ops = [node.to_dict() for node in graph]
+    if predictor.feature_set == "graph+launch":
+        launches = launch_dims(lowered, target)
+        for op in ops:
+            op.update(launches.get(op["func"], {}))
     seconds = predictor.predict(ops)
     return [{"op_index": op["index"], "func": op["func"], "kind": op["kind"],
              "output": " ".join("x".join(str(d) for d in s) for s in op["output_shapes"]),

@@ -187,11 +187,11 @@ def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
 
     from ..predict.latency import MIN_ROWS, evaluate, sampled
 
-    kernel = all(o.get("threads") is not None for o in data.ops)
+    kernel = all(o.get("grid") is not None for o in data.ops)  # rows measured on a GPU: launch dimensions
     models = {o["workload_id"] for o in data.ops if not sampled(o)}
     if len(data.ops) < MIN_ROWS or len(models) < 2:
         raise Missing(f"too few rows to hold out models (needed: {MIN_ROWS} operator rows of at least 2 models)")
-    features = "graph+kernel" if kernel else "graph"
+    features = "graph+launch" if kernel else "graph"
     result = evaluate(data.ops, "by_model", feature_set=features)
     held = [o for o in data.ops if not sampled(o)]
     measured = np.array([o["latency_median_s"] for o in held]) * 1e3

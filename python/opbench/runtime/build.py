@@ -87,3 +87,52 @@ def build_module(lowered: tvm.IRModule, target: Any, database: Any = None) -> Bu
             lowered = tvm.transform.Sequential(passes)(lowered)
     executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
     return BuiltModule(executable, target, device_for(target), time.perf_counter() - start, lowered)
+
+
+def launch_dims(lowered: tvm.IRModule, target: Any) -> dict[str, dict[str, Any]]:
+    """Each fused PrimFunc's kernel launches under the default GPU schedules, without compiling:
+    ``{name: {"grid": [[x, y, z], ...], "block": [[x, y, z], ...], "threads": n}}`` (one entry per
+    kernel; ``threads`` of the first). Empty on CPU targets."""
+    from tvm import tirx
+
+    passes = schedule_passes(target)
+    if not passes:
+        return {}
+    with target:
+        scheduled = tvm.transform.Sequential(passes)(lowered)
+    axes = {"x": 0, "y": 1, "z": 2}
+    out: dict[str, dict[str, Any]] = {}
+    for gv, func in scheduled.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        kernels: list[tuple[list[int], list[int]]] = []
+
+        def visit(stmt: Any, inside: bool, kernels: list = kernels) -> None:
+            if isinstance(stmt, tirx.For) and stmt.thread_binding is not None:
+                tag = str(stmt.thread_binding.thread_tag)
+                if not inside:
+                    kernels.append(([1, 1, 1], [1, 1, 1]))
+                kind, _, axis = tag.partition(".")
+                try:
+                    extent = int(stmt.extent)
+                except (TypeError, ValueError):
+                    extent = 1
+                dims = kernels[-1][0] if kind == "blockIdx" else kernels[-1][1] if kind == "threadIdx" else None
+                if dims is not None and axis in axes:
+                    dims[axes[axis]] = max(dims[axes[axis]], extent)
+                visit(stmt.body, True)
+                return
+            if isinstance(stmt, tirx.SeqStmt):
+                for s in stmt.seq:
+                    visit(s, inside)
+                return
+            for attr in ("block", "body", "then_case", "else_case"):
+                child = getattr(stmt, attr, None)
+                if child is not None and child is not stmt:
+                    visit(child, inside)
+
+        visit(func.body, False)
+        if kernels:
+            out[gv.name_hint] = {"grid": [k[0] for k in kernels], "block": [k[1] for k in kernels],
+                                 "threads": int(kernels[0][1][0] * kernels[0][1][1] * kernels[0][1][2])}
+    return out
