@@ -84,8 +84,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                    args.features, args.config, [m.strip() for m in args.exclude.split(",") if m.strip()])
     out = _human(args)
     m = result["metrics"]
+    sampled = f" ({result['n_sampled']} of them sampled operators, never held out)" if result.get("n_sampled") else ""
     print(f"\n{args.what} predictor, {args.split} split ({result['folds']} folds) on {result['device_name']}: "
-          f"{result['n_test']} held-out items, {result['n_train']} training rows per fold", file=out)
+          f"{result['n_test']} held-out items, {result['n_train']} training rows per fold{sampled}", file=out)
     print(f"  MAPE {_pct(m['mape'])}  within ±10% {_pct(m['within_10pct'])}  RMSE {_num(m['rmse'], 4)}  "
           f"R² {_num(m['r2'])}  pairwise {_num(m['pairwise'])}  top-1 {_num(m['top1'])}  top-5 {_num(m['top5'])}",
           file=out)
@@ -99,8 +100,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("  by kind: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})" for k, v in result["per_kind"].items()),
               file=out)
     elif args.what == "corun":
-        print("  by model: " + "  ".join(f"{h['model']} MAPE {_pct(h['mape'])} pairwise {_num(h['pairwise'], 2)}"
-                                          for h in result["held_out"]), file=out)
+        print(f"  {'held-out model':<18}{'groups':>8}{'MAPE':>8}{'pairwise':>10}", file=out)
+        for h in result["held_out"]:
+            print(f"  {h['model'][:18]:<18}{h['groups']:>8}{_pct(h['mape']):>8}{_num(h['pairwise'], 3):>10}",
+                  file=out)
     if args.out:
         print(f"predictor written to {args.out}", file=out)
     if args.json:

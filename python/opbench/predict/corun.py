@@ -142,7 +142,8 @@ def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int
                          "mape": sub["mape"], "pairwise": sub["pairwise"]})
     extra_metrics = {"speedup_pairwise": pairwise(seq / measured, seq / predicted, models),
                      "slowdown_mape": float(np.mean(slow_err)) if slow_err else None}
-    return {"n_train": int(np.mean(n_train)), "n_test": len(groups), "folds": len(n_train), "metrics": metrics,
+    return {"n_train": int(np.mean(n_train)), "n_test": len(groups), "n_sampled": len(extra), "folds": len(n_train),
+            "metrics": metrics,
             "extra_metrics": extra_metrics, "per_kind": per_kind, "held_out": held_out, "predicted": predicted}
 
 

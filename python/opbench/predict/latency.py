@@ -112,7 +112,8 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
         m, p = float(measured[idx].sum()), float(predicted[idx].sum())
         held_out.append({"model": rows[idx[0]]["model"], "workload_id": wid, "operators": len(idx),
                          "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
-    return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "folds": len(n_train), "metrics": metrics,
+    return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "n_sampled": len(extra), "folds": len(n_train),
+            "metrics": metrics,
             "per_kind": per_kind, "held_out": sorted(held_out, key=lambda h: h["model"]),
             "predicted": predicted}
 
