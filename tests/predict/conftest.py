@@ -24,7 +24,7 @@ def corun_law(solo: list[float]) -> float:
 
 
 def write_synthetic(path, models: int = 6, per_model: int = 40, coruns: int = 12, seed: int = 0,
-                    device: str = DEVICE) -> None:
+                    device: str = DEVICE, launch: bool = True) -> None:
     rng = np.random.default_rng(seed)
     with Dataset(path) as ds:
         for m in range(models):
@@ -44,7 +44,7 @@ def write_synthetic(path, models: int = 6, per_model: int = 40, coruns: int = 12
                        "output_shapes": [[1, k, size, size]], "output_dtypes": ["float32"], "preds": [],
                        "flops": flops, "bytes": nbytes, "arithmetic_intensity": flops / nbytes,
                        "latency_median_s": lat, "status": "ok", "gpu_sm_count": 100, "threads": 256,
-                       "grid": [[max(1, k * size * size // 256), 1, 1]], "sms_used": 100}
+                       "grid": [[max(1, k * size * size // 256), 1, 1]] if launch else None, "sms_used": 100}
                 ds.put("operators", row)
                 ops.append(row)
             for _ in range(coruns):

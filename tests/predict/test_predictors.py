@@ -84,6 +84,14 @@ def test_kernel_features_are_needed_when_trained_with_them(synthetic, tmp_path):
     assert meta["what"] == "latency" and meta["feature_set"] == "graph+kernel" and "log2_blocks" in meta["features"]
 
 
+def test_rows_without_launch_dimensions_train_on_graph_features(tmp_path):
+    data = tmp_path / "cpu.sqlite"
+    write_synthetic(data, models=3, per_model=10, coruns=0, launch=False)
+    assert train(data, "latency", "by_model", folds=2)["features"] == "graph"
+    with pytest.raises(OpBenchError, match="--features graph\\+kernel needs kernel launch dimensions"):
+        train(data, "latency", "by_model", folds=2, features="graph+kernel")
+
+
 def test_excluded_models_are_never_trained_on(synthetic, tmp_path):
     result = train(synthetic, "latency", "by_model", folds=2, exclude=["model0", "model1"])
     assert {h["model"] for h in result["held_out"]} == {f"model{i}" for i in range(2, 6)}

@@ -30,9 +30,10 @@ def add_parsers(sub: Any, formatter: Any, add_common: Any, add_model_flags: Any,
     p.add_argument("--json", default=None, help="also write the metrics as JSON ('-': stdout)")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds (at least 2)")
     p.add_argument("--device", default=None, help="device name of the rows to use, when the dataset has several")
-    p.add_argument("--features", default="graph+launch",
+    p.add_argument("--features", default=None,
                    help=f"latency features ({', '.join(FEATURE_SETS)}): graph and graph+launch (the default "
-                        "schedule's thread blocks and threads) need no compilation, graph+kernel does")
+                        "schedule's thread blocks and threads) need no compilation, graph+kernel does; default: "
+                        "graph+launch for GPU rows, graph for CPU rows")
     p.add_argument("--config", default="default",
                    help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and of XGBoost")

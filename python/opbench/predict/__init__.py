@@ -24,13 +24,14 @@ log = logging.getLogger("opbench")
 
 
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
-          seed: int = 0, device: str | None = None, features: str = "graph+launch", config: str = "default",
+          seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
           exclude: list[str] | None = None) -> dict[str, Any]:
     """Train a ``what`` predictor on ``dataset``, report held-out metrics, save it to ``out``.
 
     Returns the report: ``{"what", "split", "n_train", "n_test", "metrics", "per_kind", "held_out",
     ...}`` (``n_train`` is the mean training size of the folds, ``n_test`` every held-out item).
     ``exclude`` names models whose rows are left out entirely (to test the predictor on them later).
+    ``features`` (latency): default ``graph+launch`` where the rows have launch dimensions, else ``graph``.
     """
     from . import corun, latency, trials
 
@@ -40,7 +41,7 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         raise OpBenchError(f"unknown --split '{split}' (accepted: {', '.join(SPLITS)})")
     from .features import FEATURE_SETS
 
-    if features not in FEATURE_SETS:
+    if features is not None and features not in FEATURE_SETS:
         raise OpBenchError(f"unknown --features '{features}' (accepted: {', '.join(FEATURE_SETS)})")
     if folds < 2:
         raise OpBenchError(f"--folds must be at least 2, got {folds}")
@@ -51,6 +52,12 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
     if what == "latency":
         rows, device_name = latency.latency_rows(str(dataset), device, config)
         rows = [r for r in rows if r["model"] not in skip]
+        launched = any(r.get("grid") for r in rows)
+        if features is None:  # launch dimensions where the rows have them (GPU rows), else graph features
+            features = "graph+launch" if launched else "graph"
+        elif features != "graph" and not launched:
+            raise OpBenchError(f"--features {features} needs kernel launch dimensions, which these rows lack "
+                               "(measured on a CPU, or by an older OpBench): use --features graph")
         log.info("latency: %d operator rows on %s; %d-fold %s split", len(rows), device_name, folds, split)
         report = latency.evaluate(rows, split, folds, features, seed)
         kind = _kind(rows[0]["target"])
