@@ -115,14 +115,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from ..predict import load_predictor
     from ..predict.latency import predict_workload
-    from .main import _human, _load, check_output_path, write_json
+    from .main import _human, _load, _shape, check_output_path, write_json
 
     check_output_path(args.json, "--json")
     predictor = load_predictor(args.predictor, "latency")
     target = _prediction_target(args.target)
-    predictor.check_device(None, "cuda" if target.kind.name == "cuda" else "llvm")
+    predictor.check_device(None, target.kind.name)
     workload = _load(args)
-    rows = predict_workload(workload, target, predictor)
+    rows = [{**r, "output": _shape(r["output_shapes"])} for r in predict_workload(workload, target, predictor)]
     out = _human(args)
     print(f"\n{workload.name} ({workload.source}, batch {workload.batch_size}, {target.kind.name}): "
           f"{len(rows)} operators predicted for {predictor.device_name or 'the training device'}", file=out)

@@ -400,7 +400,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.pretrained:
         from ..tune import pretrained_tuner
 
-        tuner = pretrained_tuner(tuner, args.pretrained, "cuda" if is_gpu(target) else "llvm")
+        tuner = pretrained_tuner(tuner, args.pretrained, target.kind.name)
     path = dataset_path(args)
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
     database_dir = _database_dir(args, path)
@@ -628,11 +628,8 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
     from ..schedule import get_scheduler
 
     names = [get_scheduler(n.strip()).name for n in args.schedulers.split(",") if n.strip()]
-    costs = [c.strip() for c in args.ios_cost.split(",") if c.strip()]
-    bad = [c for c in costs if c not in IOS_COSTS] or ([] if costs else [args.ios_cost])
-    if bad:
-        raise OpBenchError(f"unknown --ios-cost '{bad[0]}' (accepted: {', '.join(IOS_COSTS)}, comma-separated)")
-    costs = _costs(args)
+    _choices(args.ios_cost, IOS_COSTS, "--ios-cost")
+    costs = _choices(getattr(args, "cost", "measured"), COSTS, "--cost")
     if "predicted" in costs and not getattr(args, "predictor", None):
         raise OpBenchError("--cost predicted needs --predictor FILE (a latency predictor from 'opbench train')")
     if "predicted" in costs and not any(n in PREDICTED for n in names):
@@ -641,12 +638,13 @@ def _scheduler_names(args: argparse.Namespace) -> list[str]:
     return ["sequential"] + [n for n in names if n != "sequential"]
 
 
-def _costs(args: argparse.Namespace) -> list[str]:
-    costs = [c.strip() for c in getattr(args, "cost", "measured").split(",") if c.strip()]
-    bad = [c for c in costs if c not in COSTS] or ([] if costs else [args.cost])
+def _choices(text: str, accepted: Sequence[str], flag: str) -> list[str]:
+    """A comma-separated flag's values, each one of ``accepted``, once each in the order given."""
+    values = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    bad = [c for c in values if c not in accepted] or ([] if values else [text])
     if bad:
-        raise OpBenchError(f"unknown --cost '{bad[0]}' (accepted: {', '.join(COSTS)}, comma-separated)")
-    return costs
+        raise OpBenchError(f"unknown {flag} '{bad[0]}' (accepted: {', '.join(accepted)}, comma-separated)")
+    return values
 
 
 def _predictors(args: argparse.Namespace, backend: Any) -> tuple[Any, Any]:
@@ -677,13 +675,13 @@ def _schedulers(names: list[str], backend: Any, args: argparse.Namespace) -> lis
     from ..schedule import IOS
 
     out: list[Any] = []
-    costs = _costs(args)
+    costs = _choices(getattr(args, "cost", "measured"), COSTS, "--cost")
     for name in names:
         if "measured" in costs or name not in PREDICTED:
             if name != "ios":
                 out.append(name)
             else:
-                for cost in dict.fromkeys(c.strip() for c in args.ios_cost.split(",") if c.strip()):
+                for cost in _choices(args.ios_cost, IOS_COSTS, "--ios-cost"):
                     measured = measured_stage_cost(backend) if cost == "measured" else None
                     out.append(IOS(time_limit_s=args.ios_time_limit, stage_cost=measured,
                                    name="ios" if cost == "model" else "ios-measured"))

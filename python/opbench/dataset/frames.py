@@ -26,7 +26,8 @@ LIST_COLUMNS = {
 }
 
 
-def _decode(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A JSON column's value decoded: text is parsed, missing (None, NaN) is None, decoded values pass."""
     if value is None or (isinstance(value, float) and value != value):
         return None
     return json.loads(value) if isinstance(value, str) else value
@@ -48,7 +49,7 @@ def typed_frame(raw: Any, columns: list[tuple[str, str]]) -> Any:
         elif kind == "TIME":
             frame[name] = pd.to_datetime(col, utc=True, errors="coerce", format="ISO8601").astype("datetime64[ms, UTC]")
         elif kind == "JSON" and name in LIST_COLUMNS:
-            frame[name] = col.map(_decode).astype(object)
+            frame[name] = col.map(json_value).astype(object)
         else:
             frame[name] = col.astype(object).where(col.notna(), None)
     return frame

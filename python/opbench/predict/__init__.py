@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
-from .base import WHATS, Predictor, load_predictor
+from .base import WHATS, Predictor, load_predictor, target_kind
 from .splits import SPLITS
 
 log = logging.getLogger("opbench")
@@ -34,13 +34,12 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
     ``features`` (latency): default ``graph+launch`` where the rows have launch dimensions, else ``graph``.
     """
     from . import corun, latency, trials
+    from .features import FEATURE_SETS
 
     if what not in WHATS:
         raise OpBenchError(f"unknown --what '{what}' (accepted: {', '.join(WHATS)})")
     if split not in SPLITS:
         raise OpBenchError(f"unknown --split '{split}' (accepted: {', '.join(SPLITS)})")
-    from .features import FEATURE_SETS
-
     if features is not None and features not in FEATURE_SETS:
         raise OpBenchError(f"unknown --features '{features}' (accepted: {', '.join(FEATURE_SETS)})")
     if folds < 2:
@@ -60,7 +59,7 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
                                "(measured on a CPU, or by an older OpBench): use --features graph")
         log.info("latency: %d operator rows on %s; %d-fold %s split", len(rows), device_name, folds, split)
         report = latency.evaluate(rows, split, folds, features, seed)
-        kind = _kind(rows[0]["target"])
+        kind = target_kind(rows[0]["target"])
         meta.update(config=config)
         fitted = lambda m: latency.LatencyPredictor.fit(rows, features, seed, m)  # noqa: E731
     elif what == "corun":
@@ -68,7 +67,7 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         groups = [g for g in groups if g["model"] not in skip]
         log.info("corun: %d co-run groups on %s; %d-fold %s split", len(groups), device_name, folds, split)
         report = corun.evaluate(groups, split, folds, seed)
-        kind = _kind(groups[0]["members"][0]["target"])
+        kind = target_kind(groups[0]["members"][0]["target"])
         fitted = lambda m: corun.CorunPredictor.fit(groups, seed, m)  # noqa: E731
     else:
         tasks, device_name = trials.trial_examples(str(dataset), device)
@@ -88,11 +87,6 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         result["model_file"] = str(out)
     result["seconds"] = time.perf_counter() - start
     return result
-
-
-def _kind(target: Any) -> str:
-    """``cuda`` or ``llvm`` from a row's canonical target."""
-    return "cuda" if "cuda" in str(target) else "llvm"
 
 
 __all__ = ["SPLITS", "WHATS", "Predictor", "load_predictor", "train"]

@@ -134,21 +134,39 @@ _HINTS = {"operators": "run 'opbench collect'", "models": "run 'opbench collect'
           "corun": "collect with --corun on a GPU", "trials": "collect with --iftune true"}
 
 
-def dataset_rows(path: str | Path, table: str, device: str | None = None, required: bool = True
-                 ) -> tuple[list[dict[str, Any]], str]:
-    """The ``ok`` rows of ``table`` measured on one device (``device``, else the only one there is).
+def target_kind(target: Any) -> str:
+    """``cuda`` or ``llvm``: the kind of a row's canonical target."""
+    return "cuda" if "cuda" in str(target) else "llvm"
 
-    With ``required``, a table without such rows is an error naming what to collect; else it gives ``[]``.
-    """
+
+def open_dataset(path: str | Path) -> Any:
+    """A dataset opened read only, for several :func:`dataset_rows` calls on one read of the file."""
     from ..dataset import Dataset
 
     if not Path(path).is_file():
         raise OpBenchError(f"dataset '{path}' not found")
-    with Dataset(path, readonly=True) as ds:
-        if table == "trials":
-            rows = [r for r in ds.rows(table) if r.get("build_status") == "ok" and r.get("latency_median_s")]
-        else:
-            rows = [r for r in ds.rows(table) if r.get("status") == "ok"]
+    return Dataset(path, readonly=True)
+
+
+def dataset_rows(source: Any, table: str, device: str | None = None, required: bool = True
+                 ) -> tuple[list[dict[str, Any]], str]:
+    """The ``ok`` rows of ``table`` measured on one device (``device``, else the only one there is).
+
+    ``source`` is a dataset path or a dataset from :func:`open_dataset`. With ``required``, a table
+    without such rows is an error naming what to collect; else it gives ``[]``.
+    """
+    from ..dataset import Dataset
+
+    if isinstance(source, Dataset):
+        path, rows = source.path, source.rows(table)
+    else:
+        path = source
+        with open_dataset(source) as ds:
+            rows = ds.rows(table)
+    if table == "trials":
+        rows = [r for r in rows if r.get("build_status") == "ok" and r.get("latency_median_s")]
+    else:
+        rows = [r for r in rows if r.get("status") == "ok"]
     devices = sorted({r["device_name"] for r in rows if r.get("device_name")})
     if not rows:
         if required:
@@ -167,10 +185,5 @@ def dataset_rows(path: str | Path, table: str, device: str | None = None, requir
     return rows, devices[0] if devices else ""
 
 
-def read_json(value: Any) -> Any:
-    """A JSON column's value decoded (values already decoded pass through)."""
-    return json.loads(value) if isinstance(value, str) else value
-
-
-__all__ = ["FORMAT", "VERSION", "WHATS", "Predictor", "dataset_rows", "load_predictor", "read_json",
+__all__ = ["FORMAT", "VERSION", "WHATS", "Predictor", "dataset_rows", "load_predictor", "open_dataset", "target_kind",
            "xgb_regressor"]

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset import json_value
 from ..errors import OpBenchError
-from .base import Predictor, dataset_rows, read_json, xgb_regressor
+from .base import Predictor, dataset_rows, open_dataset, xgb_regressor
 from .features import corun_feature_names, corun_features, member_feature_names, member_features
 from .latency import sampled
-from .metrics import pairwise, regression_metrics
+from .metrics import by_group, pairwise, regression_metrics
 from .splits import check_split, folds
 
 MIN_GROUPS = 20
@@ -84,22 +85,23 @@ class CorunPredictor(Predictor):
 
 def corun_examples(path: str, device: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """The co-run groups of one device with their members' operator rows."""
-    rows, device_name = dataset_rows(path, "corun", device)
-    ops, _ = dataset_rows(path, "operators", device_name or None) if rows else ([], "")
+    with open_dataset(path) as ds:
+        rows, device_name = dataset_rows(ds, "corun", device)
+        ops, _ = dataset_rows(ds, "operators", device_name or None)
     by_key = {(o["workload_id"], o["device_id"], o["config"], o["l2_flush"], o["op_index"]): o for o in ops}
     out = []
     for r in rows:
-        idx = read_json(r["op_indices"]) or []
+        idx = json_value(r["op_indices"]) or []
         members = [by_key.get((r["workload_id"], r["device_id"], r["config"], r["l2_flush"], i)) for i in idx]
-        solo = read_json(r["solo_s"]) or []
+        solo = json_value(r["solo_s"]) or []
         if not r.get("concurrent_s") or any(m is None for m in members) or len(solo) != len(members) or \
                 not all(s and s > 0 for s in solo):
             continue
         out.append({"workload_id": r["workload_id"], "model": r["model"], "source": r["source"],
                     "group_key": r["group_key"], "members": members, "solo_s": [float(s) for s in solo],
                     "concurrent_s": float(r["concurrent_s"]), "sequential_s": r.get("sequential_s"),
-                    "slowdowns": read_json(r.get("slowdowns")), "device_sms": r.get("gpu_sm_count"),
-                    "kinds": read_json(r["kinds"])})
+                    "slowdowns": json_value(r.get("slowdowns")), "device_sms": r.get("gpu_sm_count"),
+                    "kinds": json_value(r["kinds"])})
     return out, device_name
 
 
@@ -130,13 +132,11 @@ def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int
     metrics = regression_metrics(measured, predicted, models)
     seq = np.array([sum(g["solo_s"]) for g in groups])
     per_kind: dict[str, Any] = {}
-    for size in sorted({len(g["members"]) for g in groups}):
-        idx = [i for i, g in enumerate(groups) if len(g["members"]) == size]
+    for size, idx in sorted(by_group([len(g["members"]) for g in groups]).items()):
         sub = regression_metrics(measured[idx], predicted[idx], [models[i] for i in idx])
         per_kind[f"{size} operators"] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
     held_out = []
-    for wid in dict.fromkeys(models):
-        idx = [i for i, m in enumerate(models) if m == wid]
+    for wid, idx in by_group(models).items():
         sub = regression_metrics(measured[idx], predicted[idx], [wid] * len(idx))
         held_out.append({"model": groups[idx[0]]["model"], "workload_id": wid, "groups": len(idx),
                          "mape": sub["mape"], "pairwise": sub["pairwise"]})

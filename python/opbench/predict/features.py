@@ -16,12 +16,13 @@ and balance, the summed graph features and, where known, the SMs the members occ
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from ..dataset import json_value
 
 KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
          "elementwise"]
@@ -30,10 +31,6 @@ LAUNCH_FEATURES = 2  # the first kernel features: thread blocks and threads per 
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
                 "int64": 8, "bool": 1}
 _DIMS = 4  # shape dimensions kept per tensor (leading dimensions padded with 1)
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _log2(value: Any) -> float:
@@ -80,11 +77,11 @@ def graph_feature_names() -> list[str]:
 def graph_features(op: dict[str, Any]) -> list[float]:
     """The compile-free features of one operator (a dataset row or ``OpNode.to_dict()``)."""
     kind = op.get("kind") or "elementwise"
-    ops = _json(op.get("ops")) or []
-    attrs = _json(op.get("attrs")) or {}
-    ins = _json(op.get("input_shapes")) or []
-    outs = _json(op.get("output_shapes")) or []
-    dtypes = _json(op.get("output_dtypes")) or _json(op.get("input_dtypes")) or ["float32"]
+    ops = json_value(op.get("ops")) or []
+    attrs = json_value(op.get("attrs")) or {}
+    ins = json_value(op.get("input_shapes")) or []
+    outs = json_value(op.get("output_shapes")) or []
+    dtypes = json_value(op.get("output_dtypes")) or json_value(op.get("input_dtypes")) or ["float32"]
     flops = float(op.get("flops") or 0.0)
     nbytes = float(op.get("bytes") or 0.0)
     intensity = op.get("arithmetic_intensity")
@@ -121,10 +118,15 @@ def kernel_feature_names() -> list[str]:
     return ["log2_blocks", "threads", "registers", "log2_smem", "occupancy", "sms_used", "num_kernels"]
 
 
+def _blocks(op: dict[str, Any]) -> float:
+    """Thread blocks of all of an operator's kernels; NaN where its grid is unknown."""
+    grid = json_value(op.get("grid"))
+    return sum(_numel(g) for g in grid) if grid else math.nan
+
+
 def kernel_features(op: dict[str, Any]) -> list[float]:
     """Features of the compiled kernel(s) of one operator; NaN where unknown."""
-    grid = _json(op.get("grid")) or []
-    blocks = sum(_numel(g) for g in grid) if grid else math.nan
+    blocks = _blocks(op)
     smem = (op.get("static_smem") or 0) + (op.get("dynamic_smem") or 0) if op.get("threads") is not None else None
 
     def num(key: str) -> float:
@@ -157,8 +159,8 @@ def task_signature(op: dict[str, Any]) -> str:
     dtypes and attributes (the ``by_task`` split's group)."""
     from ..utils import digest
 
-    return digest([op.get("kind"), _json(op.get("ops")), _json(op.get("input_shapes")),
-                   _json(op.get("output_shapes")), _json(op.get("input_dtypes")), _json(op.get("attrs"))])
+    return digest([op.get("kind"), *(json_value(op.get(k)) for k in ("ops", "input_shapes", "output_shapes",
+                                                                      "input_dtypes", "attrs"))])
 
 
 CORUN_SLOTS = 4  # members whose solo times are kept, largest first
@@ -188,8 +190,7 @@ def corun_features(members: Sequence[dict[str, Any]], solo_s: Sequence[float], d
         sum_sms, max_sms = sum(sms) / device_sms, max(sms) / device_sms
     else:
         sum_sms = max_sms = math.nan
-    grids = [_json(m.get("grid")) for m in members]
-    blocks = sum(sum(_numel(g) for g in grid) for grid in grids if grid) if all(grids) else math.nan
+    blocks = sum(_blocks(m) for m in members)  # NaN when any member's grid is unknown
     kinds = [m.get("kind") for m in members]
     row = [float(len(solo)), math.log(total), math.log(top), top / total, min(solo) / top, *shares,
            _log2(sum(flops)), _log2(sum(nbytes)), _log2(max(flops)), sum_sms, max_sms, _log2(blocks)]

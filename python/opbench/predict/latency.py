@@ -9,7 +9,6 @@ Trained on the ``operators`` table's rows of one device and one kernel configura
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, xgb_regressor
 from .features import FEATURE_SETS, operator_feature_names, operator_matrix, task_signature
-from .metrics import regression_metrics
+from .metrics import by_group, regression_metrics
 from .splits import check_split, folds
 
 MIN_ROWS = 20
@@ -98,17 +97,11 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
     model_groups = [r["workload_id"] for r in rows]
     metrics = regression_metrics(measured, predicted, model_groups)
     per_kind: dict[str, Any] = {}
-    kinds: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        kinds[r["kind"]].append(i)
-    for kind, idx in sorted(kinds.items()):
+    for kind, idx in sorted(by_group([r["kind"] for r in rows]).items()):
         sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
         per_kind[kind] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
-    models: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        models[r["workload_id"]].append(i)
     held_out = []
-    for wid, idx in models.items():
+    for wid, idx in by_group(model_groups).items():
         m, p = float(measured[idx].sum()), float(predicted[idx].sum())
         held_out.append({"model": rows[idx[0]]["model"], "workload_id": wid, "operators": len(idx),
                          "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
@@ -133,7 +126,7 @@ def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) ->
             op.update(launches.get(op["func"], {}))
     seconds = predictor.predict(ops)
     return [{"op_index": op["index"], "func": op["func"], "kind": op["kind"],
-             "output": " ".join("x".join(str(d) for d in s) for s in op["output_shapes"]),
+             "output_shapes": op["output_shapes"],
              "flops": op["flops"], "bytes": op["bytes"], "predicted_ms": float(t) * 1e3}
             for op, t in zip(ops, seconds, strict=True)]
 

@@ -21,6 +21,14 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 
+def by_group(groups: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    """Item indices per group, groups in order of first appearance."""
+    out: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        out[g].append(i)
+    return dict(out)
+
+
 def _arrays(measured: Sequence[float], predicted: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(measured, dtype="float64")
     p = np.asarray(predicted, dtype="float64")
@@ -58,11 +66,8 @@ def r2(measured: Sequence[float], predicted: Sequence[float]) -> float | None:
 def pairwise(measured: Sequence[float], predicted: Sequence[float], groups: Sequence[Hashable]) -> float | None:
     """Pairwise ranking accuracy inside each group (None when no group has two different items)."""
     y, p = _arrays(measured, predicted)
-    by_group: dict[Hashable, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        by_group[g].append(i)
     right = total = 0
-    for idx in by_group.values():
+    for idx in by_group(groups).values():
         if len(idx) < 2:
             continue
         yy, pp = y[idx], p[idx]
@@ -79,11 +84,8 @@ def top_k(latency: Sequence[float], score: Sequence[float], groups: Sequence[Has
     """TenSet's top-k score: ``score`` is higher for candidates predicted faster."""
     lat = np.asarray(latency, dtype="float64")
     sc = np.asarray(score, dtype="float64")
-    by_group: dict[Hashable, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        by_group[g].append(i)
     best_sum = chosen_sum = 0.0
-    for g, idx in by_group.items():
+    for g, idx in by_group(groups).items():
         w = (weights or {}).get(g, 1.0)
         order = np.argsort(-sc[idx], kind="stable")[:k]
         best_sum += w * float(lat[idx].min())
@@ -99,4 +101,4 @@ def regression_metrics(measured: Sequence[float], predicted: Sequence[float], gr
             "r2": r2(y, p), "pairwise": pairwise(y, p, groups), "top1": None, "top5": None}
 
 
-__all__ = ["mape", "pairwise", "r2", "regression_metrics", "rmse", "top_k", "within"]
+__all__ = ["by_group", "mape", "pairwise", "r2", "regression_metrics", "rmse", "top_k", "within"]

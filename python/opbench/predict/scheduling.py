@@ -11,18 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..schedule.cost import DEFAULT_DEVICE, SchedulingCost
+from ..schedule.cost import SchedulingCost
 
 
 def operator_dicts(graph: Any, resources: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The operators of ``graph`` as predictor inputs (graph features and, where known, kernel resources)."""
     resources = resources or {}
-    out = []
-    for node in graph:
-        op = node.to_dict() if hasattr(node, "to_dict") else dict(node)
-        op.update(resources.get(op.get("index", len(out)), {}))
-        out.append(op)
-    return out
+    return [{**node.to_dict(), **resources.get(node.index, {})} for node in graph]
 
 
 class PredictedCost(SchedulingCost):
@@ -31,8 +26,8 @@ class PredictedCost(SchedulingCost):
     def __init__(self, graph: Any, latency: Any, corun: Any = None, resources: dict[int, dict[str, Any]] | None = None,
                  device: dict[str, Any] | None = None, **options: Any) -> None:
         self.ops = operator_dicts(graph, resources)
-        figures = {**DEFAULT_DEVICE, **{k: v for k, v in (device or {}).items() if k in DEFAULT_DEVICE and v}}
-        super().__init__(graph, [float(t) for t in latency.predict(self.ops)], resources, **figures, **options)
+        super().__init__(graph, [float(t) for t in latency.predict(self.ops)], resources,
+                         **{**self.figures(device), **options})
         self.corun = corun
         self._stages: dict[tuple[tuple[int, ...], ...], float] = {}
 

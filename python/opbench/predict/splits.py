@@ -17,6 +17,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from ..errors import OpBenchError
+from .metrics import by_group
 
 SPLITS = ("within_task", "by_task", "by_model")
 
@@ -44,11 +45,8 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
         if n < 2:
             raise OpBenchError(f"too few rows for a within_task split: {n} (needed: at least 2)")
         k = min(k, n)
-        members: dict[Hashable, list[int]] = {}
-        for i, g in enumerate(groups):
-            members.setdefault(g, []).append(i)
         offset = 0
-        for idx in members.values():  # deal each group's items round-robin, continuing across groups
+        for idx in by_group(groups).values():  # deal each group's items round-robin, continuing across groups
             for j, i in enumerate(rng.permutation(idx)):
                 fold_of[i] = (offset + j) % k
             offset += len(idx)

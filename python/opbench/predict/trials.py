@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import types
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset import json_value
 from ..errors import OpBenchError
-from .base import Predictor, dataset_rows, read_json
-from .metrics import pairwise, r2, rmse, top_k
+from .base import Predictor, dataset_rows, target_kind
+from .metrics import by_group, pairwise, r2, rmse, top_k
 from .splits import check_split, folds
 
 log = logging.getLogger("opbench")
@@ -32,20 +34,17 @@ MIN_TASKS = 2
 MIN_TRIALS = 2
 
 
-def _target_for(target_json: Any, kind: str) -> Any:
-    """The tuning target of a stored trial row, without needing its device here."""
+# the device limits MetaSchedule's GPU rules read, for replaying a GPU's trials without the GPU
+_GPU_LIMITS = types.SimpleNamespace(max_threads_per_block=1024, max_shared_memory_per_block=49152, warp_size=32)
+
+
+def _target_for(target_json: str) -> Any:
+    """The tuning target of a stored trial row (its canonical target), without needing its device here."""
     import tvm
 
-    config = read_json(target_json) if isinstance(target_json, str) and target_json.startswith("{") else None
-    target = tvm.target.Target(config or target_json)
-    if kind == "cuda":  # MetaSchedule's GPU rules read the device limits from the target
-        config = {**target.export(), "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
-                  "thread_warp_size": 32, "max_num_threads": 1024}
-        config["keys"] = list(config.get("keys", ()))
-        return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
-    if "num-cores" not in target.attrs:
-        return tvm.target.Target({**target.export(), "num-cores": 1})
-    return target
+    from ..pipeline.tune import tuning_target
+
+    return tuning_target(tvm.target.Target(json_value(target_json)), _GPU_LIMITS)
 
 
 def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:
@@ -63,10 +62,9 @@ def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[
     out = {}
     for wid, tasks in wanted.items():
         row = first[wid]
-        fp = read_json(row["workload"]) or {}
+        fp = json_value(row["workload"]) or {}
         options = dict(fp.get("options") or {})
-        kind = "cuda" if "cuda" in str(row["target"]) else "llvm"
-        target = _target_for(row["target"], kind)
+        target = _target_for(row["target"])
         log.info("re-extracting the tasks of %s (%s) for %d trial task(s)", fp.get("model"), fp.get("source"),
                  len(tasks))
         name = fp["model"]
@@ -103,7 +101,7 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
     for i, trace in enumerate(traces):
         try:
             sch = Schedule(mod)
-            Trace.apply_json_to_schedule(read_json(trace), sch)
+            Trace.apply_json_to_schedule(json_value(trace), sch)
             candidates.append(MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
             where.append(i)
         except Exception:  # a trace from another TVM version or module
@@ -117,6 +115,8 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
 
 def trial_examples(path: str, device: str | None = None) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
     """Per task: its trials' features and latencies (``xs``, ``latency``), model, weight and group hash."""
+    from tvm.s_tir.meta_schedule.utils import shash2hex
+
     rows, device_name = dataset_rows(path, "trials", device)
     modules = task_modules(rows)
     by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -131,12 +131,10 @@ def trial_examples(path: str, device: str | None = None) -> tuple[dict[tuple[str
         kept = [(f, float(r["latency_median_s"])) for f, r in zip(feats, trows, strict=True) if f is not None]
         if len(kept) < MIN_TRIALS:
             continue
-        from tvm.s_tir.meta_schedule.utils import shash2hex
-
         out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]),
                     "model": trows[0]["model"], "workload_id": key[0], "task": key[1],
                     "weight": float(trows[0].get("task_weight") or 1), "group_hash": shash2hex(mod),
-                    "target_kind": "cuda" if "cuda" in str(trows[0]["target"]) else "llvm"}
+                    "target_kind": target_kind(trows[0]["target"])}
     return out, device_name
 
 
@@ -191,12 +189,6 @@ class TrialsPredictor(Predictor):
         model.last_train_size = model.data_size
         return model
 
-    def score(self, xs: Sequence[np.ndarray]) -> np.ndarray:
-        """Predicted relative speed of candidates (higher is faster)."""
-        if not hasattr(self, "model"):
-            self.model = self.cost_model()
-        return self.model._predict(xs=list(xs))  # noqa: SLF001
-
 
 def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0
              ) -> dict[str, Any]:
@@ -208,12 +200,7 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
                            f"(needed: at least {MIN_TASKS}; tune with --iftune true)")
     # one entry per candidate: (task index, candidate index)
     entries = [(t, c) for t, item in enumerate(items) for c in range(len(item["xs"]))]
-    if split == "within_task":
-        labels = [t for t, _ in entries]
-    elif split == "by_task":
-        labels = [t for t, _ in entries]
-    else:
-        labels = [items[t]["workload_id"] for t, _ in entries]
+    labels = [items[t]["workload_id"] if split == "by_model" else t for t, _ in entries]
     scores = np.zeros(len(entries))
     n_train = []
     for train, test in folds(labels, split, k, seed):
@@ -222,7 +209,7 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
             t, c = entries[i]
             chosen[t].append(c)
         part = [{**items[t], "xs": [items[t]["xs"][c] for c in cs], "latency": items[t]["latency"][cs]}
-                for t, cs in chosen.items() if len(cs) >= 1]
+                for t, cs in chosen.items()]
         model = fit_xgb(part, seed)
         scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
         n_train.append(len(train))
@@ -234,8 +221,8 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
                "pairwise": pairwise(-latency, scores, groups), "top1": top_k(latency, scores, groups, 1, weights),
                "top5": top_k(latency, scores, groups, 5, weights)}
     held_out = []
-    for t, item in enumerate(items):
-        idx = [i for i, g in enumerate(groups) if g == t]
+    for t, idx in by_group(groups).items():
+        item = items[t]
         held_out.append({"model": item["model"], "task": item["task"], "trials": len(idx),
                          "pairwise": pairwise(-latency[idx], scores[idx], [t] * len(idx)),
                          "top1": top_k(latency[idx], scores[idx], [t] * len(idx), 1)})

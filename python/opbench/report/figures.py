@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..dataset import json_value
 from ..errors import OpBenchError
+from ..predict.latency import sampled
 
 # peak figures for the roofline by device name (fp32 without tensor cores; memory bandwidth)
 PEAKS = {
@@ -32,10 +33,6 @@ class Missing(Exception):
     """The dataset lacks what a figure needs (the message says what to collect)."""
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 @dataclasses.dataclass
 class ReportData:
     """The rows of one device: operators (default kernels), models, co-runs, trials."""
@@ -49,12 +46,13 @@ class ReportData:
 
     @classmethod
     def load(cls, path: str | Path, device: str | None = None) -> ReportData:
-        from ..predict.base import dataset_rows
+        from ..predict.base import dataset_rows, open_dataset
 
-        ops, name = dataset_rows(path, "operators", device)
-        models, _ = dataset_rows(path, "models", name, required=False)
-        coruns, _ = dataset_rows(path, "corun", name, required=False)
-        trials, _ = dataset_rows(path, "trials", name, required=False)
+        with open_dataset(path) as ds:  # one read: a compressed dataset is decompressed once
+            ops, name = dataset_rows(ds, "operators", device)
+            models, _ = dataset_rows(ds, "models", name, required=False)
+            coruns, _ = dataset_rows(ds, "corun", name, required=False)
+            trials, _ = dataset_rows(ds, "trials", name, required=False)
         ops = [o for o in ops if o["config"] == "default" and o.get("latency_median_s")]
         return cls(Path(path), name, ops, [m for m in models if m["config"] == "default"], coruns, trials)
 
@@ -62,7 +60,7 @@ class ReportData:
         """Default-kernel operator rows per model label (sampled-kernel sets left out)."""
         out: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for o in self.ops:
-            if o["model"] != "kernels":
+            if not sampled(o):
                 out[self.label(o)].append(o)
         return dict(out)
 
@@ -76,7 +74,7 @@ class ReportData:
         rows = [f"<tr><td>{html.escape(self.label(m))}</td><td>{m['num_ops']}</td>"
                 f"<td>{(m['sum_op_latency_s'] or 0) * 1e3:.3f}</td>"
                 f"<td>{(m['vm_latency_median_s'] or 0) * 1e3:.3f}</td></tr>" for m in self.models
-                if m["model"] != "kernels"]
+                if not sampled(m)]
         return head + "".join(rows) + "</table>"
 
 
@@ -147,7 +145,7 @@ def corun_speedups(data: ReportData, path: Path, **_: Any) -> str:
     """Co-run speedup distribution and the mean speedup of operator-kind pairs."""
     import matplotlib.pyplot as plt
 
-    groups = [g for g in data.coruns if g.get("speedup") and g["model"] != "kernels"] or \
+    groups = [g for g in data.coruns if g.get("speedup") and not sampled(g)] or \
         [g for g in data.coruns if g.get("speedup")]
     if not groups:
         raise Missing("no co-run groups (collect with --corun on a GPU)")
@@ -160,7 +158,7 @@ def corun_speedups(data: ReportData, path: Path, **_: Any) -> str:
     left.set_title(f"{len(groups)} groups: median {np.median(speedups):.2f}x, {np.mean(speedups > 1):.0%} faster")
     pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
     for g in groups:
-        kinds = sorted(_json(g["kinds"]) or [])
+        kinds = sorted(json_value(g["kinds"]) or [])
         if len(kinds) == 2:
             pairs[(kinds[0], kinds[1])].append(g["speedup"])
     kinds = sorted({k for pair in pairs for k in pair})
@@ -185,7 +183,7 @@ def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
     """Held-out latency predictions (models held out) against measurements, with the ±10 % band."""
     import matplotlib.pyplot as plt
 
-    from ..predict.latency import MIN_ROWS, evaluate, sampled
+    from ..predict.latency import MIN_ROWS, evaluate
 
     kernel = all(o.get("grid") is not None for o in data.ops)  # rows measured on a GPU: launch dimensions
     models = {o["workload_id"] for o in data.ops if not sampled(o)}
@@ -246,7 +244,7 @@ class RowGraph:
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = sorted(rows, key=lambda r: r["op_index"])
-        self._preds = [list(_json(r["preds"]) or []) for r in self.rows]
+        self._preds = [list(json_value(r["preds"]) or []) for r in self.rows]
         self._succs: list[list[int]] = [[] for _ in self.rows]
         for v, ps in enumerate(self._preds):
             for u in ps:
@@ -258,7 +256,7 @@ class RowGraph:
     def __getitem__(self, i: int) -> Any:
         row = self.rows[i]
         return type("Node", (), {"flops": row["flops"] or 0.0, "bytes": row["bytes"] or 0,
-                                 "output_shapes": _json(row["output_shapes"]) or [], "kind": row["kind"]})()
+                                 "output_shapes": json_value(row["output_shapes"]) or [], "kind": row["kind"]})()
 
     def preds(self, i: int) -> list[int]:
         return self._preds[i]
@@ -291,7 +289,7 @@ def timeline(data: ReportData, path: Path, schedule: str | None = None, schedule
     resources = {i: {k: r.get(k) for k in ("grid", "threads", "occupancy", "registers", "static_smem",
                                             "dynamic_smem")} for i, r in enumerate(graph.rows)}
     for res in resources.values():
-        res["grid"] = _json(res["grid"])
+        res["grid"] = json_value(res["grid"])
     sms = next((o.get("gpu_sm_count") for o in graph.rows if o.get("gpu_sm_count")), None)
     cost = SchedulingCost(graph, [r["latency_median_s"] for r in graph.rows], resources,
                           **({"sm_count": sms} if sms else {}))

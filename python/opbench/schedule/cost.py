@@ -65,10 +65,14 @@ class SchedulingCost:
     def for_device(cls, graph: Any, latencies: Sequence[float] | None = None,
                    resources: dict[int, dict[str, Any]] | None = None,
                    device: dict[str, Any] | None = None, **options: Any) -> SchedulingCost:
-        """A cost with a device's figures (``device``: keys of :data:`DEFAULT_DEVICE`; missing or
-        unknown ones keep the default)."""
-        figures = {k: v for k, v in (device or {}).items() if k in DEFAULT_DEVICE and v}
-        return cls(graph, latencies, resources, **{**DEFAULT_DEVICE, **figures, **options})
+        """A cost with a device's figures (see :meth:`figures`)."""
+        return cls(graph, latencies, resources, **{**cls.figures(device), **options})
+
+    @staticmethod
+    def figures(device: dict[str, Any] | None) -> dict[str, Any]:
+        """The device figures to use: ``device``'s keys of :data:`DEFAULT_DEVICE`, the default for
+        missing or unknown ones."""
+        return {**DEFAULT_DEVICE, **{k: v for k, v in (device or {}).items() if k in DEFAULT_DEVICE and v}}
 
     def _node(self, i: int) -> Any:
         return self.graph[i]
