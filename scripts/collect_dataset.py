@@ -129,7 +129,8 @@ def main() -> int:
     parser.add_argument("--models", default="all", help="comma-separated local models, 'all' or 'none'")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also N sampled operators per draw (the simple model kernels:n=N,sample=S)")
-    parser.add_argument("--kernel-samples", type=int, default=0, metavar="S", help="draws 1..S of --kernels")
+    parser.add_argument("--kernel-samples", type=int, default=0, metavar="S", help="draws of --kernels to collect")
+    parser.add_argument("--kernel-from", type=int, default=1, metavar="K", help="first draw (draws K..K+S-1)")
     parser.add_argument("--jobs", type=int, default=4, help="collections at once (they take turns measuring)")
     parser.add_argument("--corun-limit", type=int, default=100, help="co-run groups per model (cuda)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",
@@ -154,7 +155,8 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown local model(s) {', '.join(unknown)} (accepted: {', '.join(known)})")
     if args.kernels and args.kernel_samples:
-        models += [f"kernels:n={args.kernels},sample={s}" for s in range(1, args.kernel_samples + 1)]
+        first = args.kernel_from
+        models += [f"kernels:n={args.kernels},sample={s}" for s in range(first, first + args.kernel_samples)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1",
            "OPBENCH_DEVICE_LOCK": str(out / ".device.lock")}
     if args.merge:

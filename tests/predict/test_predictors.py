@@ -134,3 +134,29 @@ def test_launch_dims_without_compiling():
         assert d["threads"] == int(np.prod(d["block"][0])) and 1 <= d["threads"] <= 1024
     llvm = resolve_target("llvm")
     assert launch_dims(extract_operators(workload.mod, llvm)[0], llvm) == {}  # CPU kernels launch nothing
+
+
+def _conv(c: int, size: int) -> dict:
+    flops, nbytes = 2.0 * c * c * 9 * size * size, 4 * (2 * c * size * size + c * c * 9)
+    return {"kind": "conv2d", "ops": ["nn.conv2d"], "attrs": {"strides": [1, 1], "groups": 1},
+            "input_shapes": [[1, c, size, size], [c, c, 3, 3]], "output_shapes": [[1, c, size, size]],
+            "output_dtypes": ["float32"], "flops": flops, "bytes": nbytes, "threads": 256,
+            "grid": [[max(1, c * size * size // 256), 1, 1]], "latency_median_s": latency_law(flops, nbytes)}
+
+
+def test_latency_extrapolates_beyond_the_training_rows():
+    """Trees stop at the largest latency they saw; the log-linear baseline under them goes on."""
+    from opbench.predict.features import operator_matrix
+    from opbench.predict.latency import LatencyPredictor
+
+    rows = [_conv(c, size) for c in (64, 96, 128, 160, 192, 256) for size in (28, 35, 42, 49, 56, 63, 70)]
+    model = LatencyPredictor.fit(rows)
+    largest = max(r["latency_median_s"] for r in rows)
+    big = [_conv(256, 224), _conv(512, 224), _conv(512, 448)]  # 10x to 160x the largest trained
+    truth = np.array([r["latency_median_s"] for r in big])
+    trees = np.exp(model.booster_predict("latency_trees", operator_matrix(big, "graph+launch")))
+    assert np.all(trees <= largest * 1.05)  # the trees alone are clipped at the largest seen
+    baseline = np.exp(model.baseline(big))
+    assert np.all(np.abs(baseline / truth - 1) < 0.4), baseline / truth  # the trees: 1/10 to 1/160
+    predicted = model.predict(big)  # the two boosters' geometric mean: above anything seen
+    assert np.all(predicted > 2 * largest) and np.all(predicted < truth), (predicted / largest, predicted / truth)

@@ -118,6 +118,27 @@ def test_l2_flush_slows_memory_bound_op(cuda_target):
     assert cold.median >= warm.median * 0.9  # flushed caches are never much faster
 
 
+def test_short_op_is_timed_inside_the_graph(cuda_target):
+    """A few-microsecond operator: replaying its one-kernel graph back to back measures the host's
+    graph launches; the profiler captures it several times over and reports the kernel's own time."""
+    from opbench.profile import TimingConfig
+    from opbench.profile.cuda import MAX_UNROLL, CudaProfiler
+
+    ds, result = _collected(cuda_target, "branchy:branches=1,depth=1,channels=8,size=8")
+    kernels, values, inputs = result.extra["kernels"], result.extra["values"], result.extra["inputs"]
+    prof = CudaProfiler()
+    idx = len(result.graph) - 1
+    args, outs = kernels.args_for(idx, inputs, values), kernels.allocate_outputs(idx)
+    config = TimingConfig(repeat=20, min_repeat_ms=1)
+    single = prof.time_graph(prof.capture(lambda: kernels.call(idx, args, outs)), config)
+    inside = [prof.time(kernels, idx, args, outs, config) for _ in range(3)]
+    medians = sorted(t.median for t in inside)
+    assert all(t.number >= 2 * config.number for t in inside)  # unrolled: several copies per replay
+    assert medians[-1] < single.median  # the launch-bound replay is slower than the kernel
+    assert medians[-1] <= medians[0] * 1.1  # and the in-graph time repeats
+    assert all(t.number <= MAX_UNROLL * 200 for t in inside)
+
+
 def test_cli_collect_cuda(tmp_path):
     db = tmp_path / "d.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}

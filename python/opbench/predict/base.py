@@ -34,6 +34,7 @@ class Predictor:
         self.meta: dict[str, Any] = dict(meta or {})
         self.boosters: dict[str, Any] = {}
         self.blobs: dict[str, bytes] = {}
+        self._one_thread: set[int] = set()
 
     @property
     def device_name(self) -> str:
@@ -78,15 +79,18 @@ class Predictor:
             obj.blobs[name] = zf.read(name)
         return obj
 
-    def booster_predict(self, name: str, x: np.ndarray) -> np.ndarray:
-        """Raw predictions of booster ``name`` for the rows of ``x``."""
+    def booster_predict(self, name: str, x: np.ndarray, margin: np.ndarray | None = None) -> np.ndarray:
+        """Raw predictions of booster ``name`` for the rows of ``x`` (plus ``margin``, for a booster
+        trained on one)."""
         if len(x) == 0:
             return np.zeros(0)
         # in-place and on one thread: the schedulers ask one small batch at a time, where a DMatrix
         # and a thread pool per call cost more than the trees
         booster = self.boosters[name]
-        booster.set_param({"nthread": 1})
-        return booster.inplace_predict(np.asarray(x, dtype="float32"), missing=np.nan)
+        if id(booster) not in self._one_thread:  # set once: a parameter change reconfigures the booster
+            booster.set_param({"nthread": 1})
+            self._one_thread.add(id(booster))
+        return booster.inplace_predict(np.asarray(x, dtype="float32"), missing=np.nan, base_margin=margin)
 
 
 def _json_default(value: Any) -> Any:
@@ -121,13 +125,15 @@ def load_predictor(path: str | Path, what: str | None = None) -> Any:
         raise OpBenchError(f"'{path}' is not an OpBench predictor file (made by 'opbench train')") from None
 
 
-def xgb_regressor(x: np.ndarray, y: np.ndarray, rounds: int = 400, seed: int = 0, **params: Any) -> Any:
-    """An XGBoost regression booster on ``x``/``y`` (squared error; NaN marks a missing feature)."""
+def xgb_regressor(x: np.ndarray, y: np.ndarray, rounds: int = 400, seed: int = 0, margin: np.ndarray | None = None,
+                  **params: Any) -> Any:
+    """An XGBoost regression booster on ``x``/``y`` (squared error; NaN marks a missing feature);
+    with ``margin`` the trees fit ``y - margin`` (pass the same margin to :meth:`Predictor.booster_predict`)."""
     import xgboost as xgb
 
     config = {"objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "subsample": 0.9,
               "colsample_bytree": 0.9, "min_child_weight": 1.0, "seed": seed, "nthread": 0, **params}
-    return xgb.train(config, xgb.DMatrix(x, label=y, missing=np.nan), num_boost_round=rounds)
+    return xgb.train(config, xgb.DMatrix(x, label=y, missing=np.nan, base_margin=margin), num_boost_round=rounds)
 
 
 _HINTS = {"operators": "run 'opbench collect'", "models": "run 'opbench collect'",

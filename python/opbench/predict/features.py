@@ -6,7 +6,7 @@ shapes, the main operator's attributes, FLOPs, bytes and arithmetic intensity. T
 features need no compilation, so a model that was never built can be predicted. The *kernel*
 features (grid, block, registers, shared memory, occupancy, SMs used) come from a compiled kernel
 and are optional: a predictor trained with them needs them at prediction time. The *launch*
-features (thread blocks and threads per block) are the part of them that the default GPU schedule
+features (thread blocks, threads per block and their product) are the part of them that the default GPU schedule
 decides before any code is generated (:func:`opbench.runtime.build.launch_dims`), so a
 ``graph+launch`` predictor still needs no compilation.
 
@@ -27,7 +27,7 @@ from ..dataset import json_value
 KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
          "elementwise"]
 FEATURE_SETS = ("graph", "graph+launch", "graph+kernel")
-LAUNCH_FEATURES = 2  # the first kernel features: thread blocks and threads per block
+LAUNCH_FEATURES = 3  # the first kernel features: thread blocks, threads per block, threads in all
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
                 "int64": 8, "bool": 1}
 _DIMS = 4  # shape dimensions kept per tensor (leading dimensions padded with 1)
@@ -115,7 +115,8 @@ def graph_features(op: dict[str, Any]) -> list[float]:
 
 def kernel_feature_names() -> list[str]:
     """Names of :func:`kernel_features`' entries, in order."""
-    return ["log2_blocks", "threads", "registers", "log2_smem", "occupancy", "sms_used", "num_kernels"]
+    return ["log2_blocks", "threads", "log2_threads_total", "registers", "log2_smem", "occupancy", "sms_used",
+            "num_kernels"]
 
 
 def _blocks(op: dict[str, Any]) -> float:
@@ -133,8 +134,8 @@ def kernel_features(op: dict[str, Any]) -> list[float]:
         value = op.get(key)
         return math.nan if value is None else float(value)
 
-    return [_log2(blocks), num("threads"), num("registers"), _log2(smem), num("occupancy"), num("sms_used"),
-            num("num_kernels")]
+    return [_log2(blocks), num("threads"), _log2(blocks * num("threads")), num("registers"), _log2(smem),
+            num("occupancy"), num("sms_used"), num("num_kernels")]
 
 
 def _extra(feature_set: str) -> int:
@@ -152,6 +153,23 @@ def operator_matrix(ops: Sequence[dict[str, Any]], feature_set: str = "graph") -
     width = len(graph_feature_names()) + extra
     rows = [graph_features(op) + (kernel_features(op)[:extra] if extra else []) for op in ops]
     return np.asarray(rows, dtype="float64").reshape(len(rows), width)
+
+
+def baseline_columns(ops: Sequence[dict[str, Any]], feature_set: str = "graph") -> np.ndarray:
+    """Columns of the log-linear baseline that the latency trees correct: 1, log FLOPs, log bytes,
+    and the log of all threads launched (thread blocks times threads per block) with launch or kernel
+    features, else the log of the output elements. NaN where a value is unknown."""
+    rows = []
+    for op in ops:
+        flops, nbytes = float(op.get("flops") or 0.0), float(op.get("bytes") or 0.0)
+        if feature_set == "graph":
+            outs = json_value(op.get("output_shapes")) or []
+            size = _numel(outs[0]) if outs else 1.0
+        else:
+            threads = op.get("threads")
+            size = _blocks(op) * float(threads) if threads is not None else math.nan
+        rows.append([1.0, math.log1p(flops), math.log1p(nbytes), math.log1p(size)])
+    return np.asarray(rows, dtype="float64").reshape(len(rows), 4)
 
 
 def task_signature(op: dict[str, Any]) -> str:

@@ -1,8 +1,16 @@
 """Operator latency predictor: one operator's latency on one device from its features.
 
 XGBoost regression on ``log(latency)`` over :mod:`opbench.predict.features`: ``graph`` features,
-``graph+launch`` (default; adds the default schedule's thread blocks and threads per block, known
+``graph+launch`` (default; adds the default schedule's thread blocks, threads per block and threads in all, known
 without compiling) or ``graph+kernel`` (adds the compiled kernel's resources).
+
+Two boosters, averaged in log space: one on its own, and one that corrects a log-linear baseline
+(least squares of ``log(latency)`` on log FLOPs, log bytes and the log of the threads launched,
+:func:`~opbench.predict.features.baseline_columns`), given to XGBoost as the base margin. Trees
+alone cannot go beyond the latencies they were trained on; the baseline extrapolates, so an operator
+larger than any in the training rows (mobilenet's depthwise convolutions, 451,584 thread blocks) is
+not clipped to the largest one seen. The trees alone are closer on operators like those they saw;
+the average keeps most of both.
 Trained on the ``operators`` table's rows of one device and one kernel configuration
 (``default`` kernels unless told).
 """
@@ -16,7 +24,7 @@ import numpy as np
 
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, xgb_regressor
-from .features import FEATURE_SETS, operator_feature_names, operator_matrix, task_signature
+from .features import FEATURE_SETS, baseline_columns, operator_feature_names, operator_matrix, task_signature
 from .metrics import by_group, regression_metrics
 from .splits import check_split, folds
 
@@ -33,10 +41,24 @@ class LatencyPredictor(Predictor):
             meta: dict[str, Any] | None = None) -> LatencyPredictor:
         """Train on operator rows (``latency_median_s`` and the feature columns)."""
         y = np.log(np.array([float(r["latency_median_s"]) for r in ops]))
+        base = baseline_columns(ops, feature_set)
+        fill = [float(np.nanmean(c)) if np.isfinite(c).any() else 0.0 for c in base.T]
+        base = np.where(np.isnan(base), fill, base)
+        coef, *_ = np.linalg.lstsq(base, y, rcond=None)
         obj = cls({**(meta or {}), "feature_set": feature_set, "features": operator_feature_names(feature_set),
-                   "n_rows": len(ops)})
-        obj.boosters["latency"] = xgb_regressor(operator_matrix(ops, feature_set), y, seed=seed)
+                   "n_rows": len(ops), "baseline": {"coef": coef.tolist(), "fill": fill}})
+        x = operator_matrix(ops, feature_set)
+        obj.boosters["latency"] = xgb_regressor(x, y, seed=seed, margin=base @ coef)
+        obj.boosters["latency_trees"] = xgb_regressor(x, y, seed=seed)
         return obj
+
+    def baseline(self, ops: Sequence[dict[str, Any]]) -> np.ndarray | None:
+        """The log-linear baseline (log seconds) under the trees; None for a predictor without one."""
+        fit = self.meta.get("baseline")
+        if not fit:
+            return None
+        base = baseline_columns(ops, self.feature_set)
+        return np.where(np.isnan(base), fit["fill"], base) @ np.asarray(fit["coef"])
 
     @property
     def feature_set(self) -> str:
@@ -45,13 +67,20 @@ class LatencyPredictor(Predictor):
     def predict(self, ops: Sequence[dict[str, Any]]) -> np.ndarray:
         """Seconds per operator (dataset rows or ``OpNode.to_dict()``, with kernel resources when the
         predictor was trained with them)."""
+        if self.meta.get("features") != operator_feature_names(self.feature_set):
+            raise OpBenchError("this latency predictor was trained by an older OpBench with other features: "
+                               "train it again with 'opbench train --what latency'")
         if self.feature_set == "graph+kernel":
             missing = [i for i, op in enumerate(ops) if op.get("threads") is None and op.get("grid") is None]
             if missing:
                 raise OpBenchError(f"this latency predictor needs kernel resources (trained with graph+kernel "
                                    f"features), which {len(missing)} operator(s) lack: compile them first, or "
                                    "train with --features graph+launch")
-        return np.exp(self.booster_predict("latency", operator_matrix(ops, self.feature_set)))
+        x = operator_matrix(ops, self.feature_set)
+        log_s = [self.booster_predict("latency", x, self.baseline(ops))]
+        if "latency_trees" in self.boosters:
+            log_s.append(self.booster_predict("latency_trees", x))
+        return np.exp(np.mean(log_s, axis=0))
 
 
 def latency_rows(path: str, device: str | None = None, config: str = "default") -> tuple[list[dict[str, Any]], str]:

@@ -1,9 +1,15 @@
 """GPU profiling: CUDA-event timing of CUDA Graphs, L2 flush, kernel resources, co-runs.
 
-Every variant is timed the same way: the kernels are captured once in a CUDA Graph (TVM launches
-on PyTorch's stream through ``tvm_ffi.use_torch_stream``), then CUDA events bracket ``number``
-back-to-back replays, ``repeat`` times, and the median is kept. With ``flush_l2`` a write of twice
-the L2 size precedes every sample (and ``number`` is 1), on both sides of any comparison.
+Every variant is timed the same way: the kernels are captured in a CUDA Graph (TVM launches on
+PyTorch's stream through ``tvm_ffi.use_torch_stream``), then CUDA events bracket ``number``
+back-to-back replays, ``repeat`` times, and the median is kept. Launching a graph costs the host a
+few microseconds, more than a small kernel takes on the GPU, so back-to-back replays of a short
+graph measure the host's launch rate (it moved by half between runs on one H100). A variant whose
+single replay is shorter than :data:`UNROLL_S` is therefore captured ``unroll`` times back to back
+in one graph (up to :data:`MAX_UNROLL`), and a sample is divided by ``unroll``: the time of the
+work as it runs inside a graph, as the CUDA Graph executor runs it. With ``flush_l2`` a write of
+twice the L2 size precedes every sample (``number`` and ``unroll`` are 1), on both sides of any
+comparison.
 
 A co-run group is captured twice: one after another on one stream, and forked onto one stream per
 operator (event record on the capture stream, every worker waits on it, the capture stream waits
@@ -26,6 +32,11 @@ from .base import Profiler
 from .timer import Timing, TimingConfig, cuda_event_samples
 
 log = logging.getLogger("opbench")
+
+#: a graph whose one replay is shorter than this is captured several times over (see the module docstring)
+UNROLL_S = 100e-6
+#: at most this many copies of the work in one timed graph
+MAX_UNROLL = 64
 
 
 def _nvidia_smi(fields: str) -> list[str] | None:
@@ -182,20 +193,42 @@ class CudaProfiler(Profiler):
 
         return capture_graph(on)
 
-    def time_graph(self, graph: Any, config: TimingConfig) -> Timing:
-        """CUDA-event timing of graph replays (median over ``config.repeat`` samples)."""
+    def _one_replay(self, graph: CapturedGraph, warmup: int) -> float:
+        """Seconds of one replay of ``graph`` (CUDA events), after ``warmup`` replays."""
         torch = self.torch
-        for _ in range(max(1, config.warmup)):
+        for _ in range(max(1, warmup)):
             graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        one = max(start.elapsed_time(end) / 1e3, 1e-7)
+        return max(start.elapsed_time(end) / 1e3, 1e-7)
+
+    def time_graph(self, graph: CapturedGraph, config: TimingConfig, unroll: int = 1) -> Timing:
+        """CUDA-event timing of graph replays (median over ``config.repeat`` samples), per copy of
+        the work when the graph holds ``unroll`` copies of it."""
+        one = self._one_replay(graph, config.warmup)
         number = 1 if config.flush_l2 else max(config.number, min(200, math.ceil(config.min_repeat_ms / 1e3 / one)))
         flush = self.flush_buffer.zero_ if config.flush_l2 else None
-        return Timing(cuda_event_samples(graph.replay, config.repeat, number, warmup=0, before_sample=flush), number)
+        samples = cuda_event_samples(graph.replay, config.repeat, number, warmup=0, before_sample=flush)
+        return Timing([s / unroll for s in samples], number * unroll)
+
+    def time_launch(self, launch: Callable[[], None], config: TimingConfig) -> Timing:
+        """Capture ``launch`` and time it; a short one is captured several times over in one graph
+        so that the graph launch is not what is measured (see the module docstring)."""
+        graph = self.capture(launch)
+        if config.flush_l2 or graph.empty:
+            return self.time_graph(graph, config)
+        unroll = min(MAX_UNROLL, max(1, math.ceil(UNROLL_S / self._one_replay(graph, config.warmup))))
+        if unroll == 1:
+            return self.time_graph(graph, config)
+
+        def repeated() -> None:
+            for _ in range(unroll):
+                launch()
+
+        return self.time_graph(self.capture(repeated), config, unroll)
 
     def _prepare(self, kernels: OperatorKernels, index: int, inputs: Sequence[Any],
                  values: dict[int, list[Any]]) -> tuple[list[Any], list[Any]]:
@@ -205,9 +238,8 @@ class CudaProfiler(Profiler):
 
     def time(self, kernels: OperatorKernels, index: int, args: Sequence[Any], outs: Sequence[Any],
              config: TimingConfig) -> Timing:
-        """Time one operator (its kernels captured in a CUDA Graph)."""
-        graph = self.capture(lambda: kernels.call(index, args, outs))
-        return self.time_graph(graph, config)
+        """Time one operator (its kernels captured in a CUDA Graph, see :meth:`time_launch`)."""
+        return self.time_launch(lambda: kernels.call(index, args, outs), config)
 
     # co-runs -----------------------------------------------------------------------------
     def corun(self, kernels: OperatorKernels, group: Sequence[int], inputs: Sequence[Any],
@@ -243,8 +275,8 @@ class CudaProfiler(Profiler):
 
             return lambda: fork_join(torch.cuda.current_stream(), streams, body)
 
-        seq = self.time_graph(self.capture(sequential), config)
-        conc = self.time_graph(self.capture(concurrent(False)), config)
+        seq = self.time_launch(sequential, config)
+        conc = self.time_launch(concurrent(False), config)
         slowdowns = None
         try:  # per-operator time inside the concurrent run, from events captured in the graph
             graph = self.capture(concurrent(True))

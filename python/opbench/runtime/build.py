@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -11,6 +12,8 @@ from tvm import relax
 
 from .target import device_for, is_gpu
 
+log = logging.getLogger("opbench")
+
 
 def schedule_passes(target: Any) -> list[Any]:
     """Default schedules applied to the fused PrimFuncs: dlight on GPUs, none on CPUs."""
@@ -18,8 +21,25 @@ def schedule_passes(target: Any) -> list[Any]:
         return []
     from tvm.s_tir import dlight as dl
 
-    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [dl.ApplyDefaultSchedule(*(_guarded(rule) for rule in rules))]
+
+
+def _guarded(rule: Any) -> Any:
+    """``rule`` as a dlight rule that declines (returns None) where it would raise, so that the next
+    rule schedules the function: TVM 0.27's GEMV rule asserts on some sampled reductions (e.g. a
+    mean over a 1x1 feature map), which would otherwise stop the whole model's build."""
+    from tvm.s_tir import dlight as dl
+
+    class Guarded(dl.ScheduleRule):
+        def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+            try:
+                return rule.apply(func, target, tunable)
+            except Exception as err:  # a rule's bug: leave the function to the next rule
+                log.debug("dlight %s declined a function (%s: %s)", type(rule).__name__, type(err).__name__, err)
+                return None
+
+    return Guarded()
 
 
 def _finalize_pipeline(target: Any) -> Any:
