@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -224,17 +224,28 @@ def tuning_curves(data: ReportData, path: Path, **_: Any) -> str:
     for t in data.trials:
         curves[(t["model"], t["task"], t["tuner"])].append((t["trial"], t["latency_median_s"]))
     fig, ax = plt.subplots(figsize=(9, 5.5))
+    per_task = len(curves) <= 14  # a legend entry per task; beyond that, one colour and entry per model
+    runs = sorted({(model, tuner) for model, _, tuner in curves})
+    colours = {run: plt.get_cmap("tab10")(i % 10) for i, run in enumerate(runs)}
+    counts = Counter((model, tuner) for model, _, tuner in curves)
+    labelled: set[tuple[str, str]] = set()
     for (model, task, tuner), points in sorted(curves.items()):
         points.sort()
         best = np.minimum.accumulate([lat for _, lat in points]) * 1e3
-        short = task if len(task) <= 34 else f"{task[:18]}…{task[-15:]}"
-        ax.plot([i + 1 for i, _ in points], best, lw=1.2, label=f"{model} {short} ({tuner})")
+        if per_task:
+            short = task if len(task) <= 34 else f"{task[:18]}…{task[-15:]}"
+            style: dict[str, Any] = {"label": f"{model} {short} ({tuner})"}
+        else:
+            style = {"color": colours[(model, tuner)], "alpha": 0.8}
+            if (model, tuner) not in labelled:
+                style["label"] = f"{model}, {counts[(model, tuner)]} tasks ({tuner})"
+                labelled.add((model, tuner))
+        ax.plot([i + 1 for i, _ in points], best, lw=1.2, **style)
     ax.set_yscale("log")
     ax.set_xlabel("trial (measured candidates)")
     ax.set_ylabel("best latency so far (ms)")
     ax.set_title(f"Tuning curves, {len(curves)} tasks, {data.device}")
-    if len(curves) <= 14:
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7 if per_task else 9)
     _save(fig, path)
     return "Each line is one task: the fastest candidate measured up to that trial."
 
