@@ -178,3 +178,28 @@ def test_pool_builder_builds_in_worker_processes(tmp_path, monkeypatch):
     workload, target, run, rows = _tune(tmp_path, "random", trials=3)
     assert [r["build_status"] for r in rows] == ["ok"] * 3 and run.tasks[0].valid == 3
     assert builders[0]._pool is None  # the workers are stopped when tuning ends
+
+
+def test_gzipped_database_is_unpacked_on_first_use(tmp_path):
+    import gzip
+    import shutil
+
+    from opbench import OpBenchError
+    from opbench.tune.database import DATABASE_FILES, open_database
+
+    _tune(tmp_path, "random", trials=3)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for name in DATABASE_FILES:
+        with open(tmp_path / "db" / name, "rb") as src, gzip.open(packed / f"{name}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    db = open_database(packed, create=False)
+    assert len(db.get_all_tuning_records()) == 3
+    for name in DATABASE_FILES:
+        assert (packed / name).read_bytes() == (tmp_path / "db" / name).read_bytes()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / f"{DATABASE_FILES[0]}.gz").write_bytes(b"not gzip")
+    with pytest.raises(OpBenchError, match="cannot unpack tuning database file"):
+        open_database(broken, create=False)
+    assert not (broken / DATABASE_FILES[0]).exists()

@@ -3,7 +3,9 @@ record of each task applied to a build.
 
 The folder (``--database DIR``; default ``<dataset>.tuning/`` next to the dataset file) holds
 ``database_workload.json`` and ``database_tuning_record.json`` exactly as MetaSchedule writes them,
-so TVM itself can reuse it (``ms.database.JSONDatabase(work_dir=DIR)``). What a build applies is
+so TVM itself can reuse it (``ms.database.JSONDatabase(work_dir=DIR)``). A folder may ship them
+gzipped (``database_workload.json.gz``, as ``data/tuning/`` does to stay small): the first use
+unpacks them beside the ``.gz`` files. What a build applies is
 a selection: the fastest valid record of each task of the model, for this target; its digest
 becomes the rows' ``config`` (``db:<digest>``), so tuned and default rows live side by side.
 """
@@ -31,6 +33,30 @@ def default_database_dir(dataset: str | Path) -> Path:
     return path.with_name(path.stem + ".tuning")
 
 
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def unpack(folder: Path) -> None:
+    """Unpack ``<file>.gz`` into ``<file>`` for each database file that exists only gzipped."""
+    import gzip
+    import os
+
+    for name in DATABASE_FILES:
+        plain, packed = folder / name, folder / f"{name}.gz"
+        if plain.exists() or not packed.exists():
+            continue
+        partial = folder / f".{name}.partial"
+        try:
+            with gzip.open(packed, "rb") as src, open(partial, "wb") as dst:
+                dst.write(src.read())
+            os.replace(partial, plain)
+        except (OSError, EOFError) as err:
+            partial.unlink(missing_ok=True)
+            raise OpBenchError(f"cannot unpack tuning database file {str(packed)!r}: "
+                               f"{getattr(err, 'strerror', None) or err}") from None
+        log.info("unpacked %s", plain)
+
+
 def open_database(folder: str | Path, create: bool = True) -> Any:
     """MetaSchedule's JSON database in ``folder`` (created when missing, with ``create``)."""
     from tvm.s_tir.meta_schedule.database import JSONDatabase
@@ -45,6 +71,7 @@ def open_database(folder: str | Path, create: bool = True) -> Any:
             folder.mkdir(parents=True)
         except OSError as err:
             raise OpBenchError(f"cannot create tuning database {str(folder)!r}: {err.strerror}") from None
+    unpack(folder)
     try:
         return JSONDatabase(work_dir=str(folder), allow_missing=create)
     except Exception as err:  # a corrupt or foreign file
