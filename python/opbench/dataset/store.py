@@ -170,6 +170,22 @@ class Dataset:
         self.conn = self._connect(str(self.path))
         with self.guard():
             if version is None:
+                self._create()
+            elif version < SCHEMA_VERSION:
+                backup = self._backup(version)
+                migrate.migrate(self.conn, version)
+                log.warning("migrated dataset %s from schema version %d to %d; the original is kept as %s",
+                            self.path, version, SCHEMA_VERSION, backup)
+
+    def _create(self) -> None:
+        """Create the schema, unless another connection did first. Connections creating one file at
+        once can meet in a lock order SQLite resolves by failing one of them at once ("database is
+        locked" without waiting for the busy timeout): that one tries again, up to the timeout."""
+        import time
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 with migrate.transaction(self.conn):
                     if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone():
@@ -178,11 +194,11 @@ class Dataset:
                         self.conn.execute(stmt)
                     self.conn.executemany("INSERT INTO meta VALUES (?, ?)", [
                         ("schema_version", str(SCHEMA_VERSION)), ("created_by", _created_by())])
-            elif version < SCHEMA_VERSION:
-                backup = self._backup(version)
-                migrate.migrate(self.conn, version)
-                log.warning("migrated dataset %s from schema version %d to %d; the original is kept as %s",
-                            self.path, version, SCHEMA_VERSION, backup)
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _open_compressed(self) -> None:
         """A gzip-compressed dataset (as shipped in ``data/``), read into memory; read only."""
