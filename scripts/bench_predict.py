@@ -11,7 +11,8 @@ latency by trial and the trials the pretrained run needs to reach plain xgb's fi
 ``--part schedules`` (a GPU) runs ``opbench compare`` on each of ``--schedule-models`` with the ios
 scheduler on measured stages (``ios-measured``), on the scheduling cost over measured operator times
 (``ios``) and on predicted costs (``ios-predicted``, ``greedy-predicted``), all measured in one run,
-and writes ``DIR/predict_schedules.json`` with each one's latency and search time.
+and writes ``DIR/predict_schedules.json`` with each one's latency and search time (``--corun no``:
+predicted operator latencies only, ``DIR/predict_schedules_latency_only.json``).
 
     PYTHONPATH=python python3 scripts/bench_predict.py --part metrics --out data/benchmarks
     PYTHONPATH=python python3 scripts/bench_predict.py --part schedules --out DIR
@@ -36,20 +37,23 @@ PREDICTORS = ROOT / "data" / "predictors"
 def metrics(args: argparse.Namespace) -> dict:
     from opbench.predict import train
 
-    runs = [("latency", "by_model", "graph"), ("latency", "by_model", "graph+launch"),
-            ("latency", "by_model", "graph+kernel"), ("latency", "by_task", "graph+launch"),
-            ("latency", "within_task", "graph+launch"),
-            ("corun", "by_model", "graph"), ("corun", "by_task", "graph"),
-            ("trials", "by_task", "graph"), ("trials", "within_task", "graph")]
+    # (what, split, features, folds, seed); 100 folds is one per model (leave one model out)
+    runs = [("latency", "by_model", f, folds, 0) for f in ("graph", "graph+launch", "graph+kernel")
+            for folds in (100, 5)]
+    runs += [("latency", "by_model", "graph+launch", 5, seed) for seed in (1, 2)]
+    runs += [("latency", "by_task", "graph+launch", 5, 0), ("latency", "within_task", "graph+launch", 5, 0),
+             ("corun", "by_model", "graph", 5, 0), ("corun", "by_task", "graph", 5, 0),
+             ("trials", "by_task", "graph", 5, 0), ("trials", "within_task", "graph", 5, 0)]
     out = {"dataset": str(Path(args.dataset).relative_to(ROOT)) if Path(args.dataset).is_relative_to(ROOT)
            else str(args.dataset), "results": []}
-    for what, split, features in runs:
+    for what, split, features, folds, seed in runs:
         start = time.perf_counter()
-        result = train(args.dataset, what, split, features=features)
+        result = train(args.dataset, what, split, folds=folds, seed=seed, features=features)
         result = {k: v for k, v in result.items() if k not in ("model_file",)}
+        result["seed"] = seed
         out["results"].append(result)
         m = result["metrics"]
-        print(f"{what:<8}{split:<12}{features:<13} " + "  ".join(
+        print(f"{what:<8}{split:<12}{features:<13}{result['folds']:>3} folds, seed {seed}  " + "  ".join(
             f"{k} {v:.3f}" for k, v in m.items() if v is not None) + f"  ({time.perf_counter() - start:.0f} s)",
             flush=True)
     exclude = [m.strip() for m in args.schedule_models.split(",")]
@@ -69,13 +73,15 @@ def schedules(args: argparse.Namespace) -> dict:
     suffix = "_".join(exclude)
     lat = Path(args.predictors) / f"h100_latency_kernel_without_{suffix}.opm"
     cor = Path(args.predictors) / f"h100_corun_without_{suffix}.opm"
+    used = [lat, cor] if args.corun == "yes" else [lat]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
-    out: dict = {"predictors": [str(lat), str(cor)], "models": {}}
+    out: dict = {"predictors": [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)
+                                for f in used], "models": {}}
     for model in exclude:
         file = Path(args.out) / f"compare_{model}.json"
         cmd = [sys.executable, "-m", "opbench", "compare", "--modelsource", "local", "--modelname", model,
                "--target", "cuda", "--schedulers", "sequential,greedy,ios", "--ios-cost", "model,measured",
-               "--cost", "measured,predicted", "--predictor", f"{lat},{cor}", "--json", str(file)]
+               "--cost", "measured,predicted", "--predictor", ",".join(map(str, used)), "--json", str(file)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(proc.stdout[-2500:], flush=True)
@@ -161,6 +167,9 @@ def main() -> int:
     parser.add_argument("--dataset", default=str(DATASET))
     parser.add_argument("--predictors", default=str(PREDICTORS), help="folder of the saved predictors")
     parser.add_argument("--schedule-models", default="googlenet,inception_v3")
+    parser.add_argument("--corun", choices=["yes", "no"], default="yes",
+                        help="schedules: predicted stage times from the co-run predictor too (else the "
+                             "scheduling cost's own stage model on predicted operator latencies)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     result = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained}[args.part](args)
@@ -171,7 +180,7 @@ def main() -> int:
             result["device"] = torch.cuda.get_device_name(0)
         except Exception:  # noqa: BLE001 (the figure is informative)
             result["device"] = None
-    name = f"predict_{args.part}.json"
+    name = f"predict_{args.part}{'_latency_only' if args.part == 'schedules' and args.corun == 'no' else ''}.json"
     (Path(args.out) / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {Path(args.out) / name}")
     return 0

@@ -160,3 +160,21 @@ def test_latency_extrapolates_beyond_the_training_rows():
     assert np.all(np.abs(baseline / truth - 1) < 0.4), baseline / truth  # the trees: 1/10 to 1/160
     predicted = model.predict(big)  # the two boosters' geometric mean: above anything seen
     assert np.all(predicted > 2 * largest) and np.all(predicted < truth), (predicted / largest, predicted / truth)
+
+
+def test_gemm_dims_of_convolutions_and_matmuls():
+    """Rows, columns and reduction of the matrix product, by hand; NaN for other kinds."""
+    from opbench.predict.features import gemm_dims, graph_feature_names, graph_features
+
+    # a 3x3 convolution of 128 channels into 32, 28x28 output: k = 128 * 9 multiply-adds per output
+    flops = 2.0 * 32 * 28 * 28 * 128 * 9
+    assert gemm_dims("conv2d", [1, 32, 28, 28], {}, flops) == (784.0, 32.0, 1152.0)
+    assert gemm_dims("conv2d", [1, 28, 28, 32], {"data_layout": "NHWC"}, flops) == (784.0, 32.0, 1152.0)
+    assert gemm_dims("matmul", [8, 4096], {}, 2.0 * 8 * 4096 * 25088) == (8.0, 4096.0, 25088.0)
+    assert all(np.isnan(gemm_dims("pool", [1, 32, 14, 14], {}, 1e6)))
+    op = {"kind": "conv2d", "ops": ["nn.conv2d"], "input_shapes": [[1, 128, 28, 28], [32, 128, 3, 3]],
+          "output_shapes": [[1, 32, 28, 28]], "attrs": {"strides": [1, 1]}, "flops": flops, "bytes": 1e6}
+    named = dict(zip(graph_feature_names(), graph_features(op), strict=True))
+    assert named["log2_gemm_n"] == pytest.approx(np.log2(33.0))
+    assert named["log2_gemm_k"] == pytest.approx(np.log2(1153.0))
+    assert named["log2_flops_per_out"] == pytest.approx(np.log2(2 * 1152.0 + 1))

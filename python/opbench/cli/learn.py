@@ -28,7 +28,9 @@ def add_parsers(sub: Any, formatter: Any, add_common: Any, add_model_flags: Any,
     p.add_argument("--split", default="by_model", help=f"held-out groups ({', '.join(SPLITS)})")
     p.add_argument("--out", default=None, help="write the trained predictor to this file")
     p.add_argument("--json", default=None, help="also write the metrics as JSON ('-': stdout)")
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds (at least 2)")
+    p.add_argument("--folds", type=int, default=5,
+                   help="cross-validation folds (at least 2; at most one per held-out group, so a large "
+                        "number with --split by_model holds out one model at a time)")
     p.add_argument("--device", default=None, help="device name of the rows to use, when the dataset has several")
     p.add_argument("--features", default=None,
                    help=f"latency features ({', '.join(FEATURE_SETS)}): graph and graph+launch (the default "

@@ -2,7 +2,8 @@
 
 An operator is described the same way whether it comes from a dataset row or from a freshly
 extracted :class:`~opbench.ir.graph.OpNode` (``node.to_dict()``): its kind, the fused operators,
-shapes, the main operator's attributes, FLOPs, bytes and arithmetic intensity. These *graph*
+shapes, the main operator's attributes, FLOPs, bytes, arithmetic intensity, FLOPs per output element
+and, for convolutions and matmuls, the rows, columns and reduction of the matrix product they compute. These *graph*
 features need no compilation, so a model that was never built can be predicted. The *kernel*
 features (grid, block, registers, shared memory, occupancy, SMs used) come from a compiled kernel
 and are optional: a predictor trained with them needs them at prediction time. The *launch*
@@ -71,7 +72,24 @@ def graph_feature_names() -> list[str]:
     names += [f"out_d{i}" for i in range(_DIMS)]
     names += ["stride_h", "stride_w", "kernel_h", "kernel_w", "pad_sum", "dilation", "log2_groups", "depthwise",
               "log2_channels_per_group", "has_relu", "has_add", "has_bias_like"]
+    names += ["log2_flops_per_out", "log2_gemm_m", "log2_gemm_n", "log2_gemm_k"]
     return names
+
+
+def gemm_dims(kind: str, out: Sequence[int], attrs: dict[str, Any], flops: float) -> tuple[float, float, float]:
+    """A convolution's or matmul's sizes as the matrix product it computes: rows ``m`` (output pixels
+    times batch), columns ``n`` (output channels) and reduction ``k`` (multiply-adds per output);
+    NaN for other kinds. The default GPU schedules tile these three, so their sizes (not only their
+    product) set how well the tiles fit."""
+    elems = _numel(out)
+    if kind in ("conv2d", "conv_transpose") and len(out) == 4:
+        layout = str(attrs.get("out_layout") or attrs.get("data_layout") or "NCHW")
+        n = float(out[layout.index("C")] if "C" in layout and len(layout) == 4 else out[1])
+    elif kind == "matmul" and out:
+        n = float(out[-1])
+    else:
+        return math.nan, math.nan, math.nan
+    return elems / max(n, 1.0), n, flops / 2.0 / max(elems, 1.0)
 
 
 def graph_features(op: dict[str, Any]) -> list[float]:
@@ -110,6 +128,8 @@ def graph_features(op: dict[str, Any]) -> list[float]:
     row += [*stride, *kernel, pad_sum, dilation, _log2(groups), depthwise, _log2(channels / groups),
             1.0 if "relu" in names else 0.0, 1.0 if " add" in f" {names}" else 0.0,
             1.0 if ("multiply" in names or "subtract" in names) else 0.0]
+    m, n, k = gemm_dims(kind, out0, attrs, flops)
+    row += [_log2(flops / max(_numel(out0), 1.0)), _log2(m), _log2(n), _log2(k)]
     return row
 
 
@@ -233,6 +253,6 @@ def member_features(group: list[float], own: dict[str, Any], own_solo: float, so
 
 
 __all__ = ["CORUN_SLOTS", "FEATURE_SETS", "KINDS", "LAUNCH_FEATURES", "corun_feature_names", "corun_features",
-           "graph_feature_names", "graph_features", "kernel_feature_names", "kernel_features",
+           "gemm_dims", "graph_feature_names", "graph_features", "kernel_feature_names", "kernel_features",
            "member_feature_names", "member_features", "operator_feature_names", "operator_matrix",
            "task_signature"]
