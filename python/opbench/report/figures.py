@@ -240,7 +240,7 @@ def tuning_curves(data: ReportData, path: Path, **_: Any) -> str:
             if (model, tuner) not in labelled:
                 style["label"] = f"{model}, {counts[(model, tuner)]} tasks ({tuner})"
                 labelled.add((model, tuner))
-        ax.plot([i + 1 for i, _ in points], best, lw=1.2, **style)
+        ax.plot([i + 1 for i, _ in points], best, lw=1.2, drawstyle="steps-post", **style)  # best so far: steps
     ax.set_yscale("log")
     ax.set_xlabel("trial (measured candidates)")
     ax.set_ylabel("best latency so far (ms)")
