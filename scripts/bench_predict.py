@@ -34,6 +34,12 @@ DATASET = ROOT / "data" / "dataset" / "h100.sqlite.gz"
 PREDICTORS = ROOT / "data" / "predictors"
 
 
+def shown(path: str | Path) -> str:
+    """``path`` as the JSON records it: relative to the repository when inside it."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
+
+
 def metrics(args: argparse.Namespace) -> dict:
     from opbench.predict import train
 
@@ -44,8 +50,7 @@ def metrics(args: argparse.Namespace) -> dict:
     runs += [("latency", "by_task", "graph+launch", 5, 0), ("latency", "within_task", "graph+launch", 5, 0),
              ("corun", "by_model", "graph", 5, 0), ("corun", "by_task", "graph", 5, 0),
              ("trials", "by_task", "graph", 5, 0), ("trials", "within_task", "graph", 5, 0)]
-    out = {"dataset": str(Path(args.dataset).relative_to(ROOT)) if Path(args.dataset).is_relative_to(ROOT)
-           else str(args.dataset), "results": []}
+    out = {"dataset": shown(args.dataset), "results": []}
     for what, split, features, folds, seed in runs:
         start = time.perf_counter()
         result = train(args.dataset, what, split, folds=folds, seed=seed, features=features)
@@ -63,7 +68,7 @@ def metrics(args: argparse.Namespace) -> dict:
                                  ("latency", "graph+launch", "latency_launch"), ("corun", "graph", "corun")]:
         file = Path(args.predictors) / f"h100_{name}_without_{'_'.join(exclude)}.opm"
         train(args.dataset, what, "by_model", file, features=features, exclude=exclude)
-        saved[name] = str(file.relative_to(ROOT)) if file.is_relative_to(ROOT) else str(file)
+        saved[name] = shown(file)
     out["predictors_without"] = {"models": exclude, "files": saved}
     return out
 
@@ -75,8 +80,7 @@ def schedules(args: argparse.Namespace) -> dict:
     cor = Path(args.predictors) / f"h100_corun_without_{suffix}.opm"
     used = [lat, cor] if args.corun == "yes" else [lat]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
-    out: dict = {"predictors": [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)
-                                for f in used], "models": {}}
+    out: dict = {"predictors": [shown(f) for f in used], "models": {}}
     for model in exclude:
         file = Path(args.out) / f"compare_{model}.json"
         cmd = [sys.executable, "-m", "opbench", "compare", "--modelsource", "local", "--modelname", model,

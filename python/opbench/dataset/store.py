@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,6 @@ class Dataset:
         """Create the schema, unless another connection did first. Connections creating one file at
         once can meet in a lock order SQLite resolves by failing one of them at once ("database is
         locked" without waiting for the busy timeout): that one tries again, up to the timeout."""
-        import time
-
         deadline = time.monotonic() + self.timeout
         while True:
             try:

@@ -13,8 +13,11 @@ becomes the rows' ``config`` (``db:<digest>``), so tuned and default rows live s
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import logging
+import os
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -38,9 +41,6 @@ DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
 def unpack(folder: Path) -> None:
     """Unpack ``<file>.gz`` into ``<file>`` for each database file that exists only gzipped."""
-    import gzip
-    import os
-
     for name in DATABASE_FILES:
         plain, packed = folder / name, folder / f"{name}.gz"
         if plain.exists() or not packed.exists():
@@ -48,7 +48,7 @@ def unpack(folder: Path) -> None:
         partial = folder / f".{name}.partial"
         try:
             with gzip.open(packed, "rb") as src, open(partial, "wb") as dst:
-                dst.write(src.read())
+                shutil.copyfileobj(src, dst)
             os.replace(partial, plain)
         except (OSError, EOFError) as err:
             partial.unlink(missing_ok=True)
