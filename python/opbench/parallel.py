@@ -28,15 +28,16 @@ from typing import Any
 import numpy as np
 
 from .errors import OpBenchError
-from .profile.schedule import Timer, alone_times, default_timer, median, operator_times, time_ops
+from .profile.schedule import Timer, alone_times, default_timer, median, merge_cost, operator_times, time_ops
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
 from .runtime.executor import ParallelExecutor
 from .runtime.graphs import capture_graph
 from .runtime.kernels import relative_error
 from .schedule import Schedule, SchedulingCost, get_scheduler
 
-__all__ = ["CapturedModel", "CapturedSchedule", "TVMBackend", "TorchBackend", "capturer", "critical_path",
-           "evaluate", "evaluate_with_bound", "operator_latencies", "optimize", "table_rows", "tvm_backend"]
+__all__ = ["MERGE_MODES", "CapturedModel", "CapturedSchedule", "TVMBackend", "TorchBackend", "capturer",
+           "critical_path", "evaluate", "evaluate_with_bound", "ios_merges", "merge_mode", "operator_latencies",
+           "optimize", "table_rows", "torch_backend", "tvm_backend"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -46,6 +47,8 @@ MODES = ("fast", "exhaustive")
 #: the name of the baseline row: the user's module captured as it is
 MODEL_ROW = "model, CUDA Graph"
 MODEL_ROW_EAGER = "model, eager"
+#: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
+MERGE_MODES = ("none", "all", "ios")
 
 
 def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
@@ -299,6 +302,53 @@ def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -
     return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device_figures())
 
 
+def merge_mode(merge: bool | str | None) -> str:
+    """``merge`` as one of :data:`MERGE_MODES` (True is ``all``, False or None ``none``)."""
+    if merge is True:
+        return "all"
+    if merge is False or merge is None:
+        return "none"
+    if merge in MERGE_MODES:
+        return str(merge)
+    raise OpBenchError(f"unknown merge '{merge}' (accepted: {', '.join(MERGE_MODES)}, True, False)")
+
+
+def ios_merges(backend: TorchBackend, latencies: Sequence[float] | None = None, repeat: int = 10,
+               number: int = 20, time_limit_s: float = 60.0) -> list[list[str]]:
+    """The groups of sibling convolutions that IOS's dynamic programme runs merged, by node name.
+
+    The DP (:class:`opbench.schedule.ios.IOS` with a merge cost) weighs, for every candidate
+    stage of two or more sibling convolutions, running them concurrently (the scheduling cost, on
+    ``latencies`` or the operators timed alone) against running them as one merged convolution
+    (timed alone, :func:`opbench.profile.schedule.merge_cost`), and merges where that is faster.
+    """
+    from .schedule.ios import IOS
+
+    if not backend.merge_groups():
+        return []
+    if latencies is None:
+        latencies = operator_latencies(backend, repeat, number)
+    dp = IOS(time_limit_s=time_limit_s, merge=merge_cost(backend, max(3, repeat // 2), number))
+    plan = dp.schedule(backend.graph, scheduling_cost(backend, latencies))
+    return [[backend.graph[i].var_name for i in ops] for ops in plan.meta["merged"]]
+
+
+def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = "auto",
+                  repeat: int = 10, number: int = 20, **options: Any) -> TorchBackend:
+    """A :class:`TorchBackend` with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`):
+    ``all`` merges every group of sibling convolutions, ``ios`` the groups :func:`ios_merges`
+    picks (logged; ``backend.merged_groups`` lists what was merged)."""
+    mode = merge_mode(merge)
+    backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all", **options)
+    if mode == "ios":
+        chosen = ios_merges(backend, repeat=repeat, number=number)
+        log.info("merge: IOS merges %d of %d group(s) of sibling convolutions: %s", len(chosen),
+                 len(backend.merge_groups()), "; ".join("+".join(g) for g in chosen) or "none")
+        if chosen:
+            backend = TorchBackend(model, inputs, trace=backend.trace, merge=chosen, **options)
+    return backend
+
+
 def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
     """Refuse a schedule made for another graph; warn when it was made on another device."""
     made_for = schedule.meta.get("graph")
@@ -404,12 +454,13 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
-            timer: Timer | None, phases: dict[str, float], merge: bool = False) -> tuple[
+            timer: Timer | None, phases: dict[str, float], merge: bool | str = False) -> tuple[
                 TorchBackend, CapturedModel, Schedule, list[dict[str, Any]], bool]:
     inputs = _check_order(inputs, model, caller)
     given = _load_schedule(schedule)
     clock = time.perf_counter()
-    backend = TorchBackend(model, inputs, trace="auto", merge=merge)  # torch.fx where it can, else torch.export
+    # torch.fx where it can, else torch.export
+    backend = torch_backend(model, inputs, merge, trace="auto", repeat=repeat, number=number)
     phases["trace_s"] = time.perf_counter() - clock
     import torch
 
@@ -426,7 +477,7 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool = False) -> Schedule:
+             number: int = 10, timer: Timer | None = None, merge: bool | str = False) -> Schedule:
     """The fastest measured schedule of a torch model's ATen kernels (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
@@ -458,7 +509,7 @@ class CapturedSchedule:
 
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool = False) -> Any:
+             number: int = 10, timer: Timer | None = None, merge: bool | str = False) -> Any:
     """Opara-style one call: export ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the model itself captured as it is in one CUDA Graph (the baseline) and the
@@ -467,9 +518,11 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     schedule beats the baseline by more than ``tolerance``, else the :class:`CapturedModel` (with the
     reason logged at INFO). Both take the model's inputs, return static outputs, and carry
     ``table`` (every row), ``build_s`` (seconds this call took), ``phases`` (where they went) and
-    ``trace`` (``fx`` or ``export``: how the operators were traced). ``merge=True`` first applies
-    IOS's merge: convolutions that read the same input with the same kernel size, stride, padding
-    and dilation run as one convolution whose output is split (``TorchBackend(merge=True)``).
+    ``trace`` (``fx`` or ``export``: how the operators were traced). ``merge`` applies IOS's merge
+    first: convolutions that read the same input with the same kernel size, stride, padding and
+    dilation run as one convolution whose output is split; ``True`` or ``"all"`` merges every such
+    group, ``"ios"`` the groups where IOS's dynamic programme finds merging faster than running
+    them concurrently (:func:`ios_merges`).
     Every measured row is ``repeat`` samples of ``number`` runs (the median is compared).
 
     A model that cannot be exported is run unscheduled (``model`` itself) with a warning.

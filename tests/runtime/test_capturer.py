@@ -29,6 +29,18 @@ class Inception(torch.nn.Module):
                           torch.sigmoid(self.d(x))], dim=1)
 
 
+class Block(torch.nn.Module):
+    """IOS's sample block: three 3x3 convolutions read the input (one feeds a fourth), beside a 1x1."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (torch.nn.Conv2d(8, 8, 3, padding=1) for _ in range(4))
+        self.e = torch.nn.Conv2d(8, 8, 1)  # another kernel size: not merged with them
+
+    def forward(self, x):
+        return torch.cat([self.a(x), self.b(x), self.d(self.c(x)), self.e(x)], dim=1)
+
+
 @pytest.fixture(scope="module")
 def model_and_input():
     torch.manual_seed(0)
@@ -157,15 +169,6 @@ def test_merge_known_answer_on_the_ios_block(trace):
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import SCHEDULERS, get_scheduler
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b, self.c, self.d = (torch.nn.Conv2d(8, 8, 3, padding=1) for _ in range(4))
-            self.e = torch.nn.Conv2d(8, 8, 1)  # another kernel size: not merged with them
-
-        def forward(self, x):
-            return torch.cat([self.a(x), self.b(x), self.d(self.c(x)), self.e(x)], dim=1)
-
     torch.manual_seed(0)
     model, x = Block().eval(), torch.randn(1, 8, 10, 10)
     plain = TorchBackend(model, [x], trace=trace)
@@ -182,3 +185,42 @@ def test_merge_known_answer_on_the_ios_block(trace):
     for name in SCHEDULERS:
         out = ParallelExecutor(merged, get_scheduler(name).schedule(merged.graph)).run([x])[0]
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_chosen_groups_and_ios_choice():
+    """Merging only the siblings named (two of the three), and IOS's dynamic programme choosing
+    the merge by cost: with operators that take a second each, the merged convolution (timed,
+    milliseconds) wins; with operators of a nanosecond, it loses. Outputs equal the model's."""
+    from opbench.parallel import TorchBackend, ios_merges, torch_backend
+    from opbench.profile.schedule import merge_cost, stage_table
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    plain = TorchBackend(model, [x])
+    convs = [n.var_name for n in plain.graph if n.kind == "conv2d"]
+    assert plain.merge_groups() == [[0, 1, 2]] and plain.merged_groups == []
+    two = TorchBackend(model, [x], merge=[convs[1:3]])  # b and c; a stays alone
+    assert two.merged_groups == [convs[1:3]] and len(two.graph) == len(plain.graph) - 1
+    node = next(n for n in two.graph if n.attrs.get("merged"))
+    assert node.attrs == {"merged": 2, "out_channels": [8, 8]}
+    out = ParallelExecutor(two, get_scheduler("nimble").schedule(two.graph)).run([x])[0]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    stages = stage_table(two, get_scheduler("sequential").schedule(two.graph), repeat=2)
+    assert [r["strategy"] for r in stages] == ["merge" if r["groups"] == [[node.index]] else "sequential"
+                                               for r in stages] and "merge" in {r["strategy"] for r in stages}
+    for bad in ([convs[0]], [convs[0], convs[3]], [convs[0], "nowhere"]):  # one; a 1x1 among 3x3; unknown
+        with pytest.raises(OpBenchError, match="cannot merge"):
+            TorchBackend(model, [x], merge=[bad])
+    cost = merge_cost(plain, repeat=3)
+    assert cost((0, 1)) > 0 and cost((0, 3)) is None and cost((0,)) is None
+    assert ios_merges(plain, latencies=[1.0] * len(plain.graph)) == [convs[:3]]
+    assert ios_merges(plain, latencies=[1e-9] * len(plain.graph)) == []
+    chosen = torch_backend(model, [x], "ios", trace="export", repeat=3, number=10)
+    out = ParallelExecutor(chosen, get_scheduler("ios").schedule(chosen.graph)).run([x])[0]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(OpBenchError, match="unknown merge 'some'"):
+        torch_backend(model, [x], "some")

@@ -89,3 +89,28 @@ def test_capturer_hugging_face_bert():
     torch.testing.assert_close(leaf(out), leaf(expected), rtol=1e-3, atol=1e-3)
     kept = next(r for r in run.table if r["kept"])
     assert kept["latency_ms"] <= run.table[0]["latency_ms"]
+
+
+def test_capturer_with_ios_merge_on_the_gpu():
+    """IOS's merge chosen by its dynamic programme on the GPU: each candidate merged convolution is
+    timed in its own CUDA Graph, and the captured model still equals the model."""
+    from opbench.parallel import TorchBackend
+    from opbench.profile.schedule import merge_cost
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({k: torch.nn.Conv2d(64, 64, 3, padding=1) for k in "abc"}).cuda().eval()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = model
+
+        def forward(self, x):
+            return torch.cat([self.convs["a"](x), torch.relu(self.convs["b"](x)), self.convs["c"](x)], dim=1)
+
+    block, x = Block().eval(), torch.randn(1, 64, 28, 28, device="cuda")
+    cost = merge_cost(TorchBackend(block, [x]))
+    assert 0 < cost((0, 1)) < 1e-3 and 0 < cost((0, 1, 3)) < 1e-3 and cost((0, 2)) is None
+    run = capturer([x], block, merge="ios", schedulers=["sequential", "opara"])
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), block(x), rtol=1e-3, atol=1e-3)

@@ -99,6 +99,29 @@ def test_ios_dp_optimal_cost():
     assert s.meta["predicted_s"] == 6
 
 
+def test_ios_merge_strategy_known_answers():
+    """IOS's merge: FORK3's three middle operators may merge (cost m) or run concurrently (cost
+    max of the groups = 2). The DP takes the merge exactly where it is cheaper, and only for a
+    stage of operators the merge cost accepts."""
+    lat = [1, 2, 2, 2, 1]
+    cost = _max_group_cost(lat)
+
+    def merge(m):
+        return lambda ops: m if set(ops) <= {1, 2, 3} else None
+
+    s = IOS(merge=merge(1.5)).schedule(FORK3, cost).validate(FORK3)
+    assert s.meta["predicted_s"] == 3.5 and s.meta["merged"] == [[1, 2, 3]]
+    assert s.meta["strategies"] == ["sequential", "merge", "sequential"]
+    assert s.stages[1] == [[1, 2, 3]]  # one group until the backend runs it as one operator
+    s = IOS(merge=merge(2.5)).schedule(FORK3, cost).validate(FORK3)
+    assert s.meta["predicted_s"] == 4 and s.meta["merged"] == []
+    assert s.meta["strategies"] == ["sequential", "concurrent", "sequential"]
+    # a merge of two plus the third beside it is never a stage: 1.5 + 2 > 2 concurrent
+    s = IOS(merge=lambda ops: 1.0 if set(ops) <= {1, 2} else None).schedule(FORK3, cost)
+    assert s.meta["predicted_s"] == 4 and s.meta["merged"] == []
+    assert "merged" not in IOS().schedule(FORK3, cost).meta  # without a merge cost: IOS as before
+
+
 def test_ios_blocks_and_cost_model():
     g = dag(7, [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (3, 5), (4, 6), (5, 6)])
     s = IOS().schedule(g, SchedulingCost(g)).validate(g)

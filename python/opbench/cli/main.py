@@ -210,9 +210,11 @@ def _add_compare(sub: Any) -> None:
                                    "threads on CPU) and print latency, speedup and output error.")
     _add_model_flags(p)
     p.add_argument("--backend", default="tvm", help="tvm (TVM kernels) or torch (ATen kernels)")
-    p.add_argument("--merge", action="store_true",
+    p.add_argument("--merge", nargs="?", const="all", default="none", choices=("none", "all", "ios"),
                    help="IOS's merge first: convolutions reading the same input with the same kernel size, stride, "
-                        "padding and dilation run as one, their output split (TVM: a Relax rewrite before lowering)")
+                        "padding and dilation run as one, their output split (TVM: a Relax rewrite before "
+                        "lowering). all (the same as --merge alone): every such group; ios (torch backend): the "
+                        "groups IOS's dynamic programme finds faster merged than concurrent")
     _add_database_flag(p)
     p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
@@ -762,11 +764,15 @@ def _print_stages(backend: Any, rows: list[dict[str, Any]], args: argparse.Names
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..parallel import CapturedModel, TorchBackend, tvm_backend
+    from ..parallel import CapturedModel, merge_mode, torch_backend, tvm_backend
     from ..runtime import is_gpu, resolve_target
 
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
+    merge = merge_mode(args.merge)
+    if merge == "ios" and args.backend != "torch":
+        raise OpBenchError("--merge ios needs --backend torch (it times candidate merged convolutions); "
+                           "with --backend tvm use --merge all")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.schedule:  # a bad file fails before any work
@@ -782,7 +788,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         applied = _applied(database_dir, workload, target) if database_dir else None
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         backend = tvm_backend(workload, target, workload.example_inputs(args.seed),
-                              database=applied.database if applied else None, merge=args.merge)
+                              database=applied.database if applied else None, merge=merge == "all")
     else:
         if workload.torch_module is None:
             raise OpBenchError(f"--backend torch needs a torch model; source '{workload.source}' has none "
@@ -792,7 +798,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         device = "cuda" if is_gpu(target) else "cpu"
         module = workload.torch_module.to(device)
         inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(args.seed)]
-        backend = TorchBackend(module, inputs, merge=args.merge)
+        backend = torch_backend(module, inputs, merge, trace="export", repeat=args.compare_repeat,
+                                number=args.compare_number)
         baseline = CapturedModel(module, inputs)
     table = _compare(backend, args, baseline)
     if args.json:

@@ -147,7 +147,12 @@ def stage_table(backend: KernelBackend, schedule: Any, repeat: int = 10) -> list
     stages = schedule_stages(schedule)
     times = stage_times(backend, stages, repeat)
     graph = backend.graph
-    return [{"stage": i, "strategy": "concurrent" if len(stage) > 1 else "sequential",
+    def strategy(stage: Sequence[Sequence[int]]) -> str:
+        if len(stage) > 1:
+            return "concurrent"
+        return "merge" if len(stage[0]) == 1 and graph[stage[0][0]].attrs.get("merged") else "sequential"
+
+    return [{"stage": i, "strategy": strategy(stage),
              "groups": [list(g) for g in stage],
              "operators": [[graph[op].kind for op in g] for g in stage], "latency_ms": t * 1e3}
             for i, (stage, t) in enumerate(zip(stages, times, strict=True))]
@@ -175,6 +180,36 @@ def measured_stage_cost(backend: KernelBackend, repeat: int = 5, number: int = 1
             streams.append(torch.cuda.Stream())
         graph = capture_graph(lambda origin: _launch_stage(backend, origin, streams, key))
         memo[key] = 0.0 if graph.empty else median(cuda_event_samples(graph.replay, repeat, number, warmup=1))
+        return memo[key]
+
+    cost.memo = memo  # type: ignore[attr-defined]
+    return cost
+
+
+def merge_cost(backend: KernelBackend, repeat: int = 5, number: int = 10) -> Callable[[Sequence[int]], float | None]:
+    """IOS's merge cost: ``cost(ops)`` is the measured time of operators ``ops`` run as one merged
+    operator (memoised), None where they cannot merge (or the backend cannot merge at all).
+
+    The merged operator is built by the backend (``merged_launcher``, e.g. one convolution on the
+    siblings' concatenated weights) and timed alone like any operator: its own CUDA Graph on the
+    GPU, the host clock on the CPU.
+    """
+    groups = [set(g) for g in getattr(backend, "merge_groups", list)()]
+    memo: dict[tuple[int, ...], float | None] = {}
+
+    def cost(ops: Sequence[int]) -> float | None:
+        key = tuple(sorted(ops))
+        if key in memo:
+            return memo[key]
+        if len(key) < 2 or not any(set(key) <= g for g in groups):
+            memo[key] = None
+            return None
+        run = backend.merged_launcher(key)
+        if backend.is_cuda:
+            graph = capture_graph(lambda origin: run())
+            memo[key] = median(cuda_event_samples(graph.replay, repeat, number, warmup=1))
+        else:
+            memo[key] = median(wall_samples(run, repeat, 1, warmup=1))
         return memo[key]
 
     cost.memo = memo  # type: ignore[attr-defined]

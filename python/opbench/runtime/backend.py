@@ -160,7 +160,7 @@ class TorchBackend(KernelBackend):
     name = "torch"
 
     def __init__(self, model: Any, inputs: Sequence[Any], fold_bn: bool = False, trace: str = "export",
-                 merge: bool = False) -> None:
+                 merge: bool | Sequence[Sequence[str]] = False) -> None:
         import torch
 
         if trace not in TRACERS:
@@ -194,7 +194,7 @@ class TorchBackend(KernelBackend):
         if fold_bn:
             self._fold_batchnorm()
         if merge:
-            self._merge_siblings()
+            self._merge_siblings(None if merge is True else merge)
         out_node = next(n for n in graph.nodes if n.op == "output")
         self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
         self.graph = OpGraph(self._nodes(), [(p.name, tuple(self.env[p].shape), str(self.env[p].dtype))
@@ -272,26 +272,75 @@ class TorchBackend(KernelBackend):
             return None
         return x, weight, bias, pair(stride), pair(padding), pair(dilation)
 
-    def _merge_siblings(self) -> None:
-        """IOS's merge: convolutions that read the same input with the same kernel size, stride,
-        padding and dilation become one convolution on their concatenated weights, whose output is
-        split (channel views) among them. The merged call takes the first member's place."""
+    def _sibling_groups(self) -> list[list[tuple[Any, tuple[Any, ...]]]]:
+        """Convolutions that could merge: (node, conv spec) of those reading the same input with the
+        same kernel size, stride, padding and dilation, groups of two or more in launch order."""
         groups: dict[tuple[Any, ...], list[Any]] = {}
         for node in self.ops:
             spec = self._conv_spec(node)
-            if spec is None:
+            if spec is None or node in self._merged_into:
                 continue
             x, weight, bias, stride, padding, dilation = spec
             key = (x, tuple(weight.shape[1:]), weight.dtype, bias is None, stride, padding, dilation)
             groups.setdefault(key, []).append((node, spec))
-        for members in groups.values():
-            if len(members) < 2:
-                continue
+        return [g for g in groups.values() if len(g) > 1]
+
+    @property
+    def merged_groups(self) -> list[list[str]]:
+        """The groups of convolutions this backend runs merged, by node name."""
+        return [[m.name for m in members] for members, *_ in self._merged.values()]
+
+    def merge_groups(self) -> list[list[int]]:
+        """Operator indices of every group of sibling convolutions that IOS's merge could run as one
+        (any two or more of a group can merge)."""
+        index = {n: i for i, n in enumerate(self.ops)}
+        return [[index[n] for n, _ in g] for g in self._sibling_groups()]
+
+    def _merged_conv(self, specs: Sequence[tuple[Any, ...]]) -> tuple[Any, Any, list[int]]:
+        """The merged convolution's weight, bias and output-channel split of convolutions ``specs``."""
+        weight = self.torch.cat([sp[1] for sp in specs], dim=0)
+        bias = None if specs[0][2] is None else self.torch.cat([sp[2] for sp in specs], dim=0)
+        return weight, bias, [int(sp[1].shape[0]) for sp in specs]
+
+    def merged_launcher(self, ops: Sequence[int]) -> Any:
+        """A callable that runs operators ``ops`` (two or more of one :meth:`merge_groups` group) as
+        one merged convolution, on the current stream, leaving the backend's tensors as they are
+        (to time what merging them would take)."""
+        chosen = {self.ops[i] for i in ops}
+        for group in self._sibling_groups():
+            members = [(n, sp) for n, sp in group if n in chosen]
+            if len(members) == len(chosen) > 1:
+                break
+        else:
+            raise OpBenchError(f"operators {sorted(ops)} are not two or more sibling convolutions that can merge")
+        specs = [sp for _, sp in members]
+        weight, bias, _ = self._merged_conv(specs)
+        x, (stride, padding, dilation) = specs[0][0], specs[0][3:]
+        conv = self.torch.nn.functional.conv2d
+        return lambda: conv(self.env[x], weight, bias, stride, padding, dilation)
+
+    def _merge_siblings(self, chosen: Sequence[Sequence[str]] | None = None) -> None:
+        """IOS's merge: convolutions that read the same input with the same kernel size, stride,
+        padding and dilation become one convolution on their concatenated weights, whose output is
+        split (channel views) among them. The merged call takes the first member's place.
+
+        ``chosen``: the groups to merge, by node name (each two or more convolutions of one group
+        of siblings); None merges every group whole."""
+        groups = self._sibling_groups()
+        if chosen is not None:
+            by_name = {n.name: (g, k) for g, group in enumerate(groups) for k, (n, _) in enumerate(group)}
+            picked = []
+            for names in chosen:
+                where = [by_name.get(name) for name in names]
+                if len(names) < 2 or None in where or len({g for g, _ in where}) != 1:
+                    raise OpBenchError(f"cannot merge {list(names)}: give two or more convolutions that read the "
+                                       "same input with the same kernel size, stride, padding and dilation")
+                picked.append([groups[where[0][0]][k] for _, k in sorted(where)])
+            groups = picked
+        for members in groups:
             nodes = [n for n, _ in members]
             specs = [sp for _, sp in members]
-            weight = self.torch.cat([sp[1] for sp in specs], dim=0)
-            bias = None if specs[0][2] is None else self.torch.cat([sp[2] for sp in specs], dim=0)
-            splits = [int(sp[1].shape[0]) for sp in specs]
+            weight, bias, splits = self._merged_conv(specs)
             self._merged[nodes[0]] = (nodes, specs[0][0], weight, bias, specs[0][3:], splits)
             for k, node in enumerate(nodes):
                 self._merged_into[node] = (nodes[0], k)

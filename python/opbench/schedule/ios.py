@@ -12,8 +12,13 @@ Algorithm
    defaults r=3, s=8).
 5. Stage latency comes from a cost function, memoised: the scheduling cost's prediction, measured
    stage times, or any callable.
-6. Past the time limit, the remaining states take one operator per stage.
-7. The stages run one after another; cross-stream edges get events.
+6. Merge (IOS's second strategy), when a merge cost is given: a stage whose operators are
+   independent of each other and can run as one merged operator (sibling convolutions on one
+   input) costs the lesser of its concurrent latency and the merged operator's; the stages where
+   merging wins are listed in ``meta["merged"]`` and ``meta["strategies"]`` says each stage's.
+7. Past the time limit, the remaining states take one operator per stage.
+8. The stages run one after another; cross-stream edges get events. A merged stage is one group
+   (its operators in order on one stream) until the backend runs it as one operator.
 """
 
 from __future__ import annotations
@@ -87,6 +92,10 @@ class IOS(Scheduler):
     stage_cost:
         ``stage_cost(groups) -> seconds``, used instead of the cost given to :meth:`schedule`
         (e.g. measured stages, ``opbench.profile.schedule.measured_stage_cost``).
+    merge:
+        ``merge(ops) -> seconds or None``: what operators ``ops`` take run as one merged operator,
+        None where they cannot merge (e.g. ``opbench.profile.schedule.merge_cost``). Without it,
+        every stage is concurrent.
     name:
         The schedule's name (default ``ios``).
     """
@@ -94,9 +103,11 @@ class IOS(Scheduler):
     name = "ios"
 
     def __init__(self, r: int = 3, s: int = 8, max_block: int = 16, time_limit_s: float = 100.0,
-                 stage_cost: Callable[[list[list[int]]], float] | None = None, name: str | None = None) -> None:
+                 stage_cost: Callable[[list[list[int]]], float] | None = None, name: str | None = None,
+                 merge: Callable[[tuple[int, ...]], float | None] | None = None) -> None:
         self.r, self.s, self.max_block, self.time_limit_s = r, s, max_block, time_limit_s
         self.stage_cost = stage_cost
+        self.merge = merge
         if name:
             self.name = name
 
@@ -104,27 +115,38 @@ class IOS(Scheduler):
         """The DP's schedule of ``graph``; stage latency from ``stage_cost``, else ``cost``."""
         stage_cost = self.stage_cost or (cost.stage_latency if isinstance(cost, SchedulingCost) else cost)
         stage_cost = stage_cost or SchedulingCost(graph).stage_latency
-        memo_stage: dict[tuple[int, ...], tuple[float, list[list[int]]]] = {}
+        memo_stage: dict[tuple[int, ...], tuple[float, list[list[int]], str]] = {}
 
-        def stage(ops: tuple[int, ...]) -> tuple[float, list[list[int]]] | None:
+        def stage(ops: tuple[int, ...]) -> tuple[float, list[list[int]], str]:
             if ops not in memo_stage:
                 groups = components(list(ops), graph)
                 if len(groups) > self.s or any(len(g) > self.r for g in groups):
-                    memo_stage[ops] = (float("inf"), groups)
+                    memo_stage[ops] = (float("inf"), groups, "concurrent")
                 else:
-                    memo_stage[ops] = (stage_cost(groups), groups)
+                    memo_stage[ops] = (stage_cost(groups), groups, "concurrent")
+                if self.merge is not None and len(ops) > 1 and len(groups) == len(ops):
+                    merged = self.merge(ops)
+                    if merged is not None and merged < memo_stage[ops][0]:
+                        memo_stage[ops] = (merged, [list(ops)], "merge")
             return memo_stage[ops]
 
         deadline = time.perf_counter() + self.time_limit_s
         stages: list[list[list[int]]] = []
+        strategies: list[str] = []
         total = 0.0
         for block in split_blocks(graph, self.max_block):
             cost_b, ends = self._solve_block(graph, block, stage, stage_cost, deadline)
             total += cost_b
-            stages.extend(stage(end)[1] for end in ends)
-        return from_stages(self.name, graph, stages,
-                           {"r": self.r, "s": self.s, "predicted_s": total, "stage_evaluations": len(memo_stage),
-                            "timed_out": time.perf_counter() > deadline})
+            for end in ends:
+                _, groups, strategy = stage(end)
+                stages.append(groups)
+                strategies.append(strategy if len(groups) > 1 or strategy == "merge" else "sequential")
+        meta = {"r": self.r, "s": self.s, "predicted_s": total, "stage_evaluations": len(memo_stage),
+                "timed_out": time.perf_counter() > deadline}
+        if self.merge is not None:
+            meta["merged"] = [st[0] for st, how in zip(stages, strategies, strict=True) if how == "merge"]
+            meta["strategies"] = strategies
+        return from_stages(self.name, graph, stages, meta)
 
     def _solve_block(self, graph: Any, block: list[int], stage: Callable[[tuple[int, ...]], Any],
                      stage_cost: Callable[[list[list[int]]], float],

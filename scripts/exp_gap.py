@@ -1,0 +1,203 @@
+"""Experiment: where does a parallel schedule's time go beyond the critical path? (torch kernels)
+
+For each model and precision (``default``: PyTorch's own settings, TF32 in cuDNN convolutions;
+``fp32``: TF32 off), on the ATen operators of ``torch.export``:
+
+1. every operator timed alone; the critical path (the longest chain by those times) timed alone;
+2. the schedules of greedy (2, 3, 4 and 8 streams), nimble, opara and ios, side by side;
+3. for the fastest of them, three more runs of the same schedule (same streams, same events):
+   only the chain's operators launched (what its stream placement and cross-stream waits add
+   to the chain), only the other operators launched (how long the rest takes without the
+   chain), and every operator with a timing event on each side (each kernel's time inside the
+   parallel run: how much concurrent kernels slow the chain's, and how long the chain idles
+   waiting on other branches);
+4. IOS's merge (``all`` sibling convolutions, or those ``ios``'s dynamic programme picks), the
+   best schedule of each and its critical path.
+
+Writes OUT/exp_gap.json (after every model) and prints one line per measurement.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Partial:
+    """A backend that launches only the operators in ``keep`` (the others keep their last outputs)
+    and records a timing event on each side of the operators in ``timed``."""
+
+    def __init__(self, backend: Any, keep: set[int], timed: set[int] | None = None) -> None:
+        self.inner, self.keep, self.timed = backend, keep, timed or set()
+        self.events: dict[int, tuple[Any, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def launch(self, op: int) -> None:
+        import torch
+
+        if op not in self.keep:
+            return
+        if op not in self.timed:
+            self.inner.launch(op)
+            return
+        stream = torch.cuda.current_stream()
+        start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        start.record(stream)
+        self.inner.launch(op)
+        end.record(stream)
+        self.events[op] = (start, end)
+
+
+def replay_ms(executor: Any, repeat: int, number: int) -> float:
+    from opbench.profile.timer import cuda_event_samples
+
+    return statistics.median(cuda_event_samples(executor.cuda_graph.replay, repeat, number)) * 1e3
+
+
+def inside_times(backend: Any, plan: Any, replays: int) -> tuple[dict[int, float], dict[int, float], float]:
+    """Each operator's duration and start (ms after the first start) inside the parallel run
+    (medians over replays), and the instrumented run's median span."""
+    import torch
+
+    from opbench.runtime.executor import ParallelExecutor
+
+    class Stamped(ParallelExecutor):
+        """Records one timing event on the capture stream before the fork: every start is taken from it."""
+
+        def launch_all(self, origin: Any) -> None:
+            self.origin_event = torch.cuda.Event(enable_timing=True, external=True)
+            self.origin_event.record(origin)
+            super().launch_all(origin)
+
+    every = set(range(len(backend.graph)))
+    probe = Partial(backend, every, every)
+    executor = Stamped(probe, plan)
+    executor.run()
+    durations: dict[int, list[float]] = {op: [] for op in every}
+    starts: dict[int, list[float]] = {op: [] for op in every}
+    spans = []
+    for _ in range(replays):
+        executor.cuda_graph.replay()
+        torch.cuda.synchronize()
+        base = executor.origin_event
+        offsets = {op: base.elapsed_time(s) for op, (s, _) in probe.events.items()}
+        zero = min(offsets.values())
+        for op, (s, e) in probe.events.items():
+            durations[op].append(s.elapsed_time(e))
+            starts[op].append(offsets[op] - zero)
+        spans.append(max(offsets[op] - zero + durations[op][-1] for op in every))
+    med = statistics.median
+    return ({op: med(v) for op, v in durations.items()}, {op: med(v) for op, v in starts.items()}, med(spans))
+
+
+def analyse(name: str, model: Any, x: Any, precision: str, repeat: int, number: int) -> dict[str, Any]:
+    from opbench.parallel import critical_path, operator_latencies, scheduling_cost, torch_backend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import IOS, Greedy, Nimble, Opara, Sequential
+
+    out: dict[str, Any] = {"model": name, "precision": precision}
+    variants: dict[str, Any] = {}
+    for merge in ("none", "all", "ios"):
+        clock = time.perf_counter()
+        backend = torch_backend(model, [x], merge, trace="export", repeat=repeat, number=number)
+        build_s = time.perf_counter() - clock
+        alone = operator_latencies(backend, repeat, number)
+        cost = scheduling_cost(backend, alone)
+        bound = critical_path(backend, repeat, number, alone)
+        schedulers = [Sequential(), Greedy(2), Greedy(3), Greedy(4), Greedy(8), Nimble(), Opara(),
+                      IOS(time_limit_s=30.0)]
+        if merge != "none":
+            schedulers = [Sequential(), Greedy(4), Nimble(), Opara(), IOS(time_limit_s=30.0)]
+        rows = []
+        for scheduler in schedulers:
+            label = scheduler.name + (f"-{scheduler.max_streams}" if isinstance(scheduler, Greedy) else "")
+            clock = time.perf_counter()
+            plan = scheduler.schedule(backend.graph, cost)
+            sched_ms = (time.perf_counter() - clock) * 1e3
+            executor = ParallelExecutor(backend, plan)
+            executor.run()
+            rows.append({"schedule": label, "streams": plan.num_streams, "events": plan.num_events,
+                         "ms": replay_ms(executor, repeat, number), "scheduling_ms": sched_ms, "plan": plan})
+            print(name, precision, merge, label, f"{rows[-1]['ms']:.4f} ms", flush=True)
+        best = min(rows[1:], key=lambda r: r["ms"])
+        variants[merge] = {"operators": len(backend.graph), "merged_groups": backend.merged_groups,
+                           "build_s": build_s, "sequential_ms": rows[0]["ms"], "chain_ms": bound["chain_ms"],
+                           "path_ms": bound["path_ms"], "sum_alone_ms": bound["sum_ms"],
+                           "best": best["schedule"], "best_ms": best["ms"],
+                           "gap_to_chain": best["ms"] / bound["chain_ms"] - 1,
+                           "rows": [{k: v for k, v in r.items() if k != "plan"} for r in rows]}
+        print(name, precision, merge, f"best {best['schedule']} {best['ms']:.4f} ms, chain {bound['chain_ms']:.4f} ms",
+              flush=True)
+        if merge != "none":
+            continue
+        plan, path = best["plan"], set(bound["ops"])
+        rest = set(range(len(backend.graph))) - path
+        parts = {}
+        for label, keep in (("chain_only", path), ("rest_only", rest)):
+            executor = ParallelExecutor(Partial(backend, keep), plan)
+            executor.run()
+            parts[label + "_ms"] = replay_ms(executor, repeat, number)
+        durations, starts, span = inside_times(backend, plan, max(20, repeat))
+        chain = bound["ops"]
+        inside = sum(durations[op] for op in chain)
+        chain_span = starts[chain[-1]] + durations[chain[-1]] - starts[chain[0]]
+        idle = [starts[b] - (starts[a] + durations[a]) for a, b in zip(chain, chain[1:], strict=False)]
+        waits = sorted(((w, b) for w, b in zip(idle, chain[1:], strict=False)), reverse=True)[:8]
+        out["decomposition"] = {
+            "schedule": best["schedule"], "schedule_ms": best["ms"], "chain_alone_ms": bound["chain_ms"],
+            "chain_sum_of_alone_ms": bound["path_ms"], **parts,
+            "instrumented_span_ms": span, "chain_inside_sum_ms": inside, "chain_span_inside_ms": chain_span,
+            "chain_idle_inside_ms": sum(max(0.0, w) for w in idle),
+            "chain_operators": len(chain),
+            "chain_slowdown": inside / bound["path_ms"] if bound["path_ms"] else None,
+            "all_inside_sum_ms": sum(durations.values()), "all_alone_sum_ms": bound["sum_ms"],
+            "longest_chain_waits": [{"before": backend.graph[b].func, "index": b, "wait_ms": w} for w, b in waits],
+            "slowest_chain_kernels": sorted(({"index": op, "name": backend.graph[op].func,
+                                              "alone_ms": bound["alone_ms"][op], "inside_ms": durations[op]}
+                                             for op in chain), key=lambda r: r["alone_ms"] - r["inside_ms"])[:8],
+        }
+        print(name, precision, json.dumps({k: v for k, v in out["decomposition"].items()
+                                           if not isinstance(v, list)}), flush=True)
+    out["merge"] = variants
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--models", default="googlenet,inception_v3")
+    parser.add_argument("--precisions", default="default,fp32")
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--number", type=int, default=20)
+    args = parser.parse_args()
+    import torch
+
+    from opbench.models import load_workload
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    for precision in args.precisions.split(","):
+        torch.backends.cudnn.allow_tf32 = precision == "default"
+        torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
+        for name in args.models.split(","):
+            w = load_workload("local", name, 1)
+            model = w.torch_module.cuda().eval()
+            x = torch.from_numpy(w.example_inputs()[0]).cuda()
+            with torch.no_grad():
+                results.append(analyse(name, model, x, precision, args.repeat, args.number))
+            (out_dir / "exp_gap.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                              "torch": torch.__version__, "results": results},
+                                                             indent=1))
+
+
+if __name__ == "__main__":
+    main()
