@@ -106,16 +106,31 @@ def schedules(args: argparse.Namespace) -> dict:
     return out
 
 
-def pretrained(args: argparse.Namespace) -> dict:
-    """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side."""
+def _curves(data: Path, arm: str, curves: dict) -> None:
+    """Each task's best latency so far, trial by trial, of one arm's tuning dataset into ``curves``."""
     import sqlite3
 
+    conn = sqlite3.connect(data)
+    rows = conn.execute("SELECT task, task_weight, trial, latency_median_s FROM trials ORDER BY task, trial")
+    for task, weight, _trial, lat in rows:
+        c = curves.setdefault(task, {"weight": weight}).setdefault(arm, [])
+        best = min([x for x in c[-1:] if x is not None] + ([lat] if lat else []), default=None)
+        c.append(best)
+    conn.close()
+
+
+def pretrained(args: argparse.Namespace) -> dict:
+    """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     out: dict = {"model": args.tune_model, "target": args.target, "trials": args.trials, "tune_tasks": args.tune_tasks,
                  "predictor": args.pretrained, "runs": {}}
     curves: dict = {}
     for arm in ("xgb", "xgb-pretrained"):
         data = Path(args.out) / f"tune_{arm}.sqlite"
+        if arm not in args.arms.split(","):  # tuned by an earlier call into the same folder, or not at all
+            if data.exists():
+                _curves(data, arm, curves)
+            continue
         cmd = [sys.executable, "-m", "opbench", "collect", "--modelsource", "local", "--modelname", args.tune_model,
                "--target", args.target, "--dataset", str(data), "--iftune", "true", "--tuner", "xgb",
                "--trials", str(args.trials), "--tune-tasks", str(args.tune_tasks), "-q"]
@@ -125,13 +140,7 @@ def pretrained(args: argparse.Namespace) -> dict:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(proc.stdout[-2000:], flush=True)
         out["runs"][arm] = {"exit": proc.returncode, "seconds": time.perf_counter() - start}
-        conn = sqlite3.connect(data)
-        rows = conn.execute("SELECT task, task_weight, trial, latency_median_s FROM trials ORDER BY task, trial")
-        for task, weight, _trial, lat in rows:
-            c = curves.setdefault(task, {"weight": weight}).setdefault(arm, [])
-            best = min([x for x in c[-1:] if x is not None] + ([lat] if lat else []), default=None)
-            c.append(best)
-        conn.close()
+        _curves(data, arm, curves)
     tasks = {}
     for task, c in curves.items():
         plain, pre = c.get("xgb") or [], c.get("xgb-pretrained") or []
@@ -167,6 +176,9 @@ def main() -> int:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--tune-tasks", type=int, default=4)
+    parser.add_argument("--arms", default="xgb,xgb-pretrained",
+                        help="--part pretrained: the arms to tune now (an arm not named is read from --out's "
+                             "tune_ARM.sqlite if an earlier call tuned it there)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dataset", default=str(DATASET))
     parser.add_argument("--predictors", default=str(PREDICTORS), help="folder of the saved predictors")

@@ -1,7 +1,8 @@
-"""Experiment: where does a parallel schedule's time go beyond the critical path? (torch kernels)
+"""Experiment: where does a parallel schedule's time go beyond the critical path?
 
 For each model and precision (``default``: PyTorch's own settings, TF32 in cuDNN convolutions;
-``fp32``: TF32 off), on the ATen operators of ``torch.export``:
+``fp32``: TF32 off), on the ATen operators of ``torch.export`` (or, with ``--backend tvm``, on
+TVM's default kernels):
 
 1. every operator timed alone; the critical path (the longest chain by those times) timed alone;
 2. the schedules of greedy (2, 3, 4 and 8 streams), nimble, opara and ios, side by side;
@@ -14,9 +15,10 @@ For each model and precision (``default``: PyTorch's own settings, TF32 in cuDNN
 4. IOS's merge (``all`` sibling convolutions, or those ``ios``'s dynamic programme picks), the
    best schedule of each and its critical path.
 
-Writes OUT/exp_gap.json (after every model) and prints one line per measurement.
+Writes OUT/exp_gap.json (``--name``; after every model) and prints one line per measurement.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out --backend tvm --models googlenet
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def inside_times(backend: Any, plan: Any, replays: int) -> tuple[dict[int, float
     return ({op: med(v) for op, v in durations.items()}, {op: med(v) for op, v in starts.items()}, med(spans))
 
 
-def analyse(name: str, model: Any, x: Any, precision: str, repeat: int, number: int) -> dict[str, Any]:
-    from opbench.parallel import critical_path, operator_latencies, scheduling_cost, torch_backend
+def analyse(name: str, build: Any, precision: str, repeat: int, number: int) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring on the backends ``build(merge)`` returns."""
+    from opbench.parallel import critical_path, operator_latencies, scheduling_cost
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import IOS, Greedy, Nimble, Opara, Sequential
 
@@ -107,7 +110,7 @@ def analyse(name: str, model: Any, x: Any, precision: str, repeat: int, number: 
     variants: dict[str, Any] = {}
     for merge in ("none", "all", "ios"):
         clock = time.perf_counter()
-        backend = torch_backend(model, [x], merge, trace="export", repeat=repeat, number=number)
+        backend = build(merge)
         build_s = time.perf_counter() - clock
         alone = operator_latencies(backend, repeat, number)
         cost = scheduling_cost(backend, alone)
@@ -128,7 +131,7 @@ def analyse(name: str, model: Any, x: Any, precision: str, repeat: int, number: 
                          "ms": replay_ms(executor, repeat, number), "scheduling_ms": sched_ms, "plan": plan})
             print(name, precision, merge, label, f"{rows[-1]['ms']:.4f} ms", flush=True)
         best = min(rows[1:], key=lambda r: r["ms"])
-        variants[merge] = {"operators": len(backend.graph), "merged_groups": backend.merged_groups,
+        variants[merge] = {"operators": len(backend.graph), "merged_groups": getattr(backend, "merged_groups", None),
                            "build_s": build_s, "sequential_ms": rows[0]["ms"], "chain_ms": bound["chain_ms"],
                            "path_ms": bound["path_ms"], "sum_alone_ms": bound["sum_ms"],
                            "best": best["schedule"], "best_ms": best["ms"],
@@ -177,24 +180,38 @@ def main() -> None:
     parser.add_argument("--precisions", default="default,fp32")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--backend", default="torch", choices=("torch", "tvm"),
+                        help="torch: ATen kernels (per precision); tvm: TVM's default kernels (fp32)")
+    parser.add_argument("--name", default="exp_gap.json", help="file name of the JSON under --out")
     args = parser.parse_args()
     import torch
 
     from opbench.models import load_workload
+    from opbench.parallel import torch_backend, tvm_backend
+    from opbench.runtime import resolve_target
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
-    for precision in args.precisions.split(","):
+    precisions = args.precisions.split(",") if args.backend == "torch" else ["fp32"]
+    for precision in precisions:
         torch.backends.cudnn.allow_tf32 = precision == "default"
         torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
         for name in args.models.split(","):
             w = load_workload("local", name, 1)
-            model = w.torch_module.cuda().eval()
-            x = torch.from_numpy(w.example_inputs()[0]).cuda()
+            if args.backend == "tvm":
+                def build(merge: str, w: Any = w) -> Any:
+                    return tvm_backend(w, resolve_target("cuda"), merge=merge, repeat=args.repeat,
+                                       number=args.number)
+            else:
+                model = w.torch_module.cuda().eval()
+                x = torch.from_numpy(w.example_inputs()[0]).cuda()
+
+                def build(merge: str, model: Any = model, x: Any = x) -> Any:
+                    return torch_backend(model, [x], merge, trace="export", repeat=args.repeat, number=args.number)
             with torch.no_grad():
-                results.append(analyse(name, model, x, precision, args.repeat, args.number))
-            (out_dir / "exp_gap.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                results.append(analyse(name, build, precision, args.repeat, args.number))
+            (out_dir / args.name).write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                               "torch": torch.__version__, "results": results},
                                                              indent=1))
 

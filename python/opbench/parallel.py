@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OpBenchError
+from .ir.merge import conv_bindings, merge_sibling_convs, sibling_groups
 from .profile.schedule import Timer, alone_times, default_timer, median, merge_cost, operator_times, time_ops
 from .runtime.backend import KernelBackend, TorchBackend, TVMBackend
 from .runtime.executor import ParallelExecutor
@@ -37,7 +38,7 @@ from .schedule import Schedule, SchedulingCost, get_scheduler
 
 __all__ = ["MERGE_MODES", "CapturedModel", "CapturedSchedule", "TVMBackend", "TorchBackend", "capturer",
            "critical_path", "evaluate", "evaluate_with_bound", "ios_merges", "merge_mode", "operator_latencies",
-           "optimize", "table_rows", "torch_backend", "tvm_backend"]
+           "optimize", "table_rows", "torch_backend", "tvm_backend", "tvm_ios_merges"]
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -551,21 +552,10 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     return result
 
 
-def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
-                resources: bool = True, database: Any = None, merge: bool = False) -> TVMBackend:
-    """Extract, compile and wrap a workload's TVM kernels as a backend (tuned ones from ``database``,
-    a MetaSchedule database, where it has them). ``merge=True`` applies IOS's merge to the Relax
-    module first (:mod:`opbench.ir.merge`)."""
+def _build_tvm_backend(mod: Any, target: Any, inputs: Sequence[Any], resources: bool, database: Any) -> TVMBackend:
     from .ir import extract_operators
     from .runtime import OperatorKernels, build_module
 
-    mod = workload.mod
-    if merge:
-        from .ir.extract import entry_function
-        from .ir.merge import merge_sibling_convs
-
-        mod, merged = merge_sibling_convs(mod, entry_function(mod))
-        log.info("merge: %d group(s) of sibling convolutions merged", merged)
     lowered, graph = extract_operators(mod, target)
     kernels = OperatorKernels(graph, build_module(lowered, target, database))
     res = None
@@ -573,4 +563,94 @@ def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
         from .profile.cuda import CudaProfiler
 
         res = CudaProfiler().resources(kernels)
-    return TVMBackend(kernels, inputs if inputs is not None else workload.example_inputs(), res)
+    return TVMBackend(kernels, inputs, res)
+
+
+def _conv_operators(func: Any, graph: Any, skip: Sequence[Any] = (), check: bool = True) -> list[int]:
+    """For every ``conv2d`` binding of ``func`` (but those in ``skip``), in program order, the index
+    of the extracted operator of ``graph`` that computes it (``check``: its weight's shape agrees)."""
+    bindings = [b for b in conv_bindings(func) if not any(b.var.same_as(s.var) for s in skip)]
+    ops = [n.index for n in graph if "nn.conv2d" in n.ops]
+    agree = len(ops) == len(bindings) and (not check or all(
+        tuple(b.value.args[1].value.shape) in [tuple(x) for x in graph[op].input_shapes]
+        for b, op in zip(bindings, ops, strict=True)))
+    if not agree:
+        raise OpBenchError("--merge ios: the model's convolutions do not map one to one onto its lowered "
+                           "convolution kernels (use --merge all)")
+    return ops
+
+
+def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBackend,
+                   latencies: Sequence[float] | None = None, repeat: int = 10, number: int = 20,
+                   time_limit_s: float = 60.0) -> list[int]:
+    """The sibling groups (positions in :func:`opbench.ir.merge.sibling_groups`) that IOS's dynamic
+    programme merges, for TVM kernels.
+
+    ``plain`` and ``merged`` are ``mod``'s kernels without and with every group merged. Each
+    group's merged kernel is timed alone in ``merged``; the DP runs on ``plain``'s operators
+    (``latencies``, or timed alone) and may run a stage of exactly one whole group as that kernel.
+    """
+    from .schedule.ios import IOS
+
+    func = mod[func_name]
+    groups = sibling_groups(func)
+    if not groups:
+        return []
+    later = [b for g in groups for b in g[1:]]
+    convs = conv_bindings(func)
+    kept = [b for b in convs if not any(b.var.same_as(s.var) for s in later)]
+    plain_ops = _conv_operators(func, plain.graph)
+    merged_ops = _conv_operators(func, merged.graph, later, check=False)
+
+    def position(b: Any, among: list[Any]) -> int:
+        return next(k for k, c in enumerate(among) if c.var.same_as(b.var))
+
+    members = {tuple(sorted(plain_ops[position(b, convs)] for b in g)): i for i, g in enumerate(groups)}
+    kernel = {i: merged_ops[position(g[0], kept)] for i, g in enumerate(groups)}
+    timed: dict[int, float] = {}
+
+    def cost(ops: Sequence[int]) -> float | None:
+        i = members.get(tuple(sorted(ops)))
+        if i is None:
+            return None
+        if i not in timed:
+            timed[i] = median(time_ops(merged, [kernel[i]], max(3, repeat // 2), number))
+        return timed[i]
+
+    if latencies is None:
+        latencies = operator_latencies(plain, repeat, number)
+    plan = IOS(time_limit_s=time_limit_s, merge=cost).schedule(plain.graph, scheduling_cost(plain, latencies))
+    return sorted(members[tuple(sorted(ops))] for ops in plan.meta["merged"])
+
+
+def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,
+                resources: bool = True, database: Any = None, merge: bool | str = False,
+                repeat: int = 10, number: int = 20) -> TVMBackend:
+    """Extract, compile and wrap a workload's TVM kernels as a backend (tuned ones from ``database``,
+    a MetaSchedule database, where it has them). ``merge`` (:data:`MERGE_MODES`) applies IOS's merge
+    to the Relax module first (:mod:`opbench.ir.merge`): ``True`` or ``"all"`` every group of sibling
+    convolutions, ``"ios"`` the groups :func:`tvm_ios_merges` picks (two more builds: every group
+    merged, to time the merged kernels, then the chosen ones)."""
+    from .ir.extract import entry_function
+
+    mode = merge_mode(merge)
+    inputs = inputs if inputs is not None else workload.example_inputs()
+    mod = workload.mod
+    if mode == "none":
+        return _build_tvm_backend(mod, target, inputs, resources, database)
+    entry = entry_function(mod)
+    groups = len(sibling_groups(mod[entry]))
+    merged_mod, _ = merge_sibling_convs(mod, entry)
+    if mode == "all" or not groups:
+        log.info("merge: %d group(s) of sibling convolutions merged", groups)
+        return _build_tvm_backend(merged_mod, target, inputs, resources, database)
+    plain = _build_tvm_backend(mod, target, inputs, resources, database)
+    merged = _build_tvm_backend(merged_mod, target, inputs, resources, database)
+    chosen = tvm_ios_merges(mod, entry, plain, merged, repeat=repeat, number=number)
+    log.info("merge: IOS merges %d of %d group(s) of sibling convolutions: %s", len(chosen), groups,
+             ", ".join(str(i) for i in chosen) or "none")
+    if not chosen:
+        return plain
+    if len(chosen) == groups:
+        return merged
+    return _build_tvm_backend(merge_sibling_convs(mod, entry, chosen)[0], target, inputs, resources, database)

@@ -138,7 +138,7 @@ def test_merge_known_answer_on_the_ios_block():
     import numpy as np
 
     from opbench.ir.merge import merge_sibling_convs, sibling_groups
-    from opbench.parallel import tvm_backend
+    from opbench.parallel import tvm_backend, tvm_ios_merges
     from opbench.runtime import resolve_target
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import SCHEDULERS, get_scheduler
@@ -156,3 +156,11 @@ def test_merge_known_answer_on_the_ios_block():
     for name in SCHEDULERS:
         out = ParallelExecutor(merged, get_scheduler(name).schedule(merged.graph)).run()[0].numpy()
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    # IOS's choice: with operators of a second each the merged kernel (timed) wins, of a nanosecond it loses
+    assert tvm_ios_merges(w.mod, "main", plain, merged, latencies=[1.0] * len(plain.graph), repeat=3) == [0]
+    assert tvm_ios_merges(w.mod, "main", plain, merged, latencies=[1e-9] * len(plain.graph), repeat=3) == []
+    assert merge_sibling_convs(w.mod, only=[])[1] == 0
+    chosen = tvm_backend(w, target, merge="ios", repeat=3)
+    assert len(chosen.graph) in (len(plain.graph), len(merged.graph))
+    out = ParallelExecutor(chosen, get_scheduler("ios").schedule(chosen.graph)).run()[0].numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

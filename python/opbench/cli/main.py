@@ -213,8 +213,9 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--merge", nargs="?", const="all", default="none", choices=("none", "all", "ios"),
                    help="IOS's merge first: convolutions reading the same input with the same kernel size, stride, "
                         "padding and dilation run as one, their output split (TVM: a Relax rewrite before "
-                        "lowering). all (the same as --merge alone): every such group; ios (torch backend): the "
-                        "groups IOS's dynamic programme finds faster merged than concurrent")
+                        "lowering). all (the same as --merge alone): every such group; ios: the groups IOS's dynamic "
+                        "programme finds faster merged than concurrent (TVM: two more builds, every group merged "
+                        "to time the merged kernels, then the chosen ones)")
     _add_database_flag(p)
     p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
     _add_schedule_flags(p)
@@ -770,9 +771,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.backend not in ("tvm", "torch"):
         raise OpBenchError(f"unknown backend '{args.backend}' (accepted: tvm, torch)")
     merge = merge_mode(args.merge)
-    if merge == "ios" and args.backend != "torch":
-        raise OpBenchError("--merge ios needs --backend torch (it times candidate merged convolutions); "
-                           "with --backend tvm use --merge all")
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     if args.schedule:  # a bad file fails before any work
@@ -788,7 +786,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         applied = _applied(database_dir, workload, target) if database_dir else None
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         backend = tvm_backend(workload, target, workload.example_inputs(args.seed),
-                              database=applied.database if applied else None, merge=merge == "all")
+                              database=applied.database if applied else None, merge=merge,
+                              repeat=args.compare_repeat, number=args.compare_number)
     else:
         if workload.torch_module is None:
             raise OpBenchError(f"--backend torch needs a torch model; source '{workload.source}' has none "

@@ -10,6 +10,7 @@ compiled and tuned like any other operator.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,15 @@ def _key(call: Any) -> tuple[Any, ...] | None:
     shape = tuple(weight.value.shape)
     return (data, shape[1:], str(weight.value.dtype), _ints(a.strides), _ints(a.padding), _ints(a.dilation),
             str(a.out_layout), str(a.out_dtype))
+
+
+def conv_bindings(func: relax.Function) -> list[Any]:
+    """Every ``conv2d`` binding of ``func``, in program order."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [b for block in body.blocks for b in block.bindings
+            if isinstance(getattr(b, "value", None), relax.Call) and b.value.op == _CONV2D]
 
 
 def sibling_groups(func: relax.Function) -> list[list[Any]]:
@@ -82,10 +92,15 @@ class _Merger(PyExprMutator):
             self.set_var_remap(b.var, part)
 
 
-def merge_sibling_convs(mod: tvm.IRModule, func_name: str = "main") -> tuple[tvm.IRModule, int]:
-    """``mod`` with IOS's merge applied to ``func_name``; also returns how many groups were merged."""
+def merge_sibling_convs(mod: tvm.IRModule, func_name: str = "main",
+                        only: Sequence[int] | None = None) -> tuple[tvm.IRModule, int]:
+    """``mod`` with IOS's merge applied to ``func_name``; also returns how many groups were merged.
+
+    ``only``: the groups to merge, as positions in :func:`sibling_groups`'s list (default: all)."""
     func = mod[func_name]
     groups = sibling_groups(func)
+    if only is not None:
+        groups = [groups[i] for i in only]
     if not groups:
         return mod, 0
     out = tvm.IRModule(dict(mod.functions))
