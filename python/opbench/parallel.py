@@ -323,15 +323,23 @@ def ios_merges(backend: TorchBackend, latencies: Sequence[float] | None = None, 
     ``latencies`` or the operators timed alone) against running them as one merged convolution
     (timed alone, :func:`opbench.profile.schedule.merge_cost`), and merges where that is faster.
     """
-    from .schedule.ios import IOS
-
     if not backend.merge_groups():
         return []
+    merged = _ios_merged_stages(backend, merge_cost(backend, max(3, repeat // 2), number), latencies, repeat,
+                                number, time_limit_s)
+    return [[backend.graph[i].var_name for i in ops] for ops in merged]
+
+
+def _ios_merged_stages(backend: KernelBackend, merge: Any, latencies: Sequence[float] | None, repeat: int,
+                       number: int, time_limit_s: float) -> list[list[int]]:
+    """The stages IOS's dynamic programme runs merged on ``backend``'s operators, with merge cost
+    ``merge`` and the scheduling cost on ``latencies`` (timed alone when not given)."""
+    from .schedule.ios import IOS
+
     if latencies is None:
         latencies = operator_latencies(backend, repeat, number)
-    dp = IOS(time_limit_s=time_limit_s, merge=merge_cost(backend, max(3, repeat // 2), number))
-    plan = dp.schedule(backend.graph, scheduling_cost(backend, latencies))
-    return [[backend.graph[i].var_name for i in ops] for ops in plan.meta["merged"]]
+    plan = IOS(time_limit_s=time_limit_s, merge=merge).schedule(backend.graph, scheduling_cost(backend, latencies))
+    return plan.meta["merged"]
 
 
 def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = "auto",
@@ -566,10 +574,9 @@ def _build_tvm_backend(mod: Any, target: Any, inputs: Sequence[Any], resources: 
     return TVMBackend(kernels, inputs, res)
 
 
-def _conv_operators(func: Any, graph: Any, skip: Sequence[Any] = (), check: bool = True) -> list[int]:
-    """For every ``conv2d`` binding of ``func`` (but those in ``skip``), in program order, the index
-    of the extracted operator of ``graph`` that computes it (``check``: its weight's shape agrees)."""
-    bindings = [b for b in conv_bindings(func) if not any(b.var.same_as(s.var) for s in skip)]
+def _conv_operators(bindings: Sequence[Any], graph: Any, check: bool = True) -> list[int]:
+    """For each ``conv2d`` binding of ``bindings`` (in program order), the index of the extracted
+    operator of ``graph`` that computes it (``check``: its weight's shape agrees)."""
     ops = [n.index for n in graph if "nn.conv2d" in n.ops]
     agree = len(ops) == len(bindings) and (not check or all(
         tuple(b.value.args[1].value.shape) in [tuple(x) for x in graph[op].input_shapes]
@@ -590,21 +597,19 @@ def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBacke
     group's merged kernel is timed alone in ``merged``; the DP runs on ``plain``'s operators
     (``latencies``, or timed alone) and may run a stage of exactly one whole group as that kernel.
     """
-    from .schedule.ios import IOS
-
     func = mod[func_name]
     groups = sibling_groups(func)
     if not groups:
         return []
-    later = [b for g in groups for b in g[1:]]
     convs = conv_bindings(func)
-    kept = [b for b in convs if not any(b.var.same_as(s.var) for s in later)]
-    plain_ops = _conv_operators(func, plain.graph)
-    merged_ops = _conv_operators(func, merged.graph, later, check=False)
+    later = [b for g in groups for b in g[1:]]
+    kept = [b for b in convs if not any(b.var.same_as(s.var) for s in later)]  # the merged module's convolutions
 
     def position(b: Any, among: list[Any]) -> int:
         return next(k for k, c in enumerate(among) if c.var.same_as(b.var))
 
+    plain_ops = _conv_operators(convs, plain.graph)
+    merged_ops = _conv_operators(kept, merged.graph, check=False)  # a group's kernel holds all its weights
     members = {tuple(sorted(plain_ops[position(b, convs)] for b in g)): i for i, g in enumerate(groups)}
     kernel = {i: merged_ops[position(g[0], kept)] for i, g in enumerate(groups)}
     timed: dict[int, float] = {}
@@ -617,10 +622,8 @@ def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBacke
             timed[i] = median(time_ops(merged, [kernel[i]], max(3, repeat // 2), number))
         return timed[i]
 
-    if latencies is None:
-        latencies = operator_latencies(plain, repeat, number)
-    plan = IOS(time_limit_s=time_limit_s, merge=cost).schedule(plain.graph, scheduling_cost(plain, latencies))
-    return sorted(members[tuple(sorted(ops))] for ops in plan.meta["merged"])
+    chosen = _ios_merged_stages(plain, cost, latencies, repeat, number, time_limit_s)
+    return sorted(members[tuple(sorted(ops))] for ops in chosen)
 
 
 def tvm_backend(workload: Any, target: Any, inputs: Sequence[Any] | None = None,

@@ -49,10 +49,16 @@ def time_ops(backend: KernelBackend, ops: Sequence[int], repeat: int = 10, numbe
     launch_all = _serially(backend, [list(ops)])
     if not backend.is_cuda:
         return wall_samples(launch_all, repeat, max(1, number // 10))
-    graph = capture_graph(lambda stream: _launch_stage(backend, stream, [], [list(ops)]))
+    return graph_samples(lambda stream: _launch_stage(backend, stream, [], [list(ops)]), repeat, number)
+
+
+def graph_samples(launch: Callable[[Any], Any], repeat: int, number: int, warmup: int = 3) -> list[float]:
+    """Seconds per replay of ``launch`` captured alone in a CUDA Graph: ``repeat`` samples of
+    ``number`` replays each; zeros for a capture that recorded no work."""
+    graph = capture_graph(launch)
     if graph.empty:
         return [0.0] * repeat
-    return cuda_event_samples(graph.replay, repeat, number)
+    return cuda_event_samples(graph.replay, repeat, number, warmup=warmup)
 
 
 def alone_times(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
@@ -178,8 +184,8 @@ def measured_stage_cost(backend: KernelBackend, repeat: int = 5, number: int = 1
 
         while len(streams) < len(key):
             streams.append(torch.cuda.Stream())
-        graph = capture_graph(lambda origin: _launch_stage(backend, origin, streams, key))
-        memo[key] = 0.0 if graph.empty else median(cuda_event_samples(graph.replay, repeat, number, warmup=1))
+        memo[key] = median(graph_samples(lambda origin: _launch_stage(backend, origin, streams, key), repeat, number,
+                                         warmup=1))
         return memo[key]
 
     cost.memo = memo  # type: ignore[attr-defined]
@@ -206,8 +212,7 @@ def merge_cost(backend: KernelBackend, repeat: int = 5, number: int = 10) -> Cal
             return None
         run = backend.merged_launcher(key)
         if backend.is_cuda:
-            graph = capture_graph(lambda origin: run())
-            memo[key] = median(cuda_event_samples(graph.replay, repeat, number, warmup=1))
+            memo[key] = median(graph_samples(lambda origin: run(), repeat, number, warmup=1))
         else:
             memo[key] = median(wall_samples(run, repeat, 1, warmup=1))
         return memo[key]
