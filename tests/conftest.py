@@ -1,10 +1,16 @@
-"""Shared fixtures; GPU tests are skipped where no CUDA device is visible."""
+"""Shared fixtures; GPU tests are skipped where no CUDA device is visible, and tests marked ``slow``
+(each a minute or so of compiling on a small machine) unless ``--slow`` or ``$OPBENCH_SLOW_TESTS=1``."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow")
 
 
 @functools.cache
@@ -18,12 +24,14 @@ def has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if has_gpu():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    slow = config.getoption("--slow") or os.environ.get("OPBENCH_SLOW_TESTS") == "1"
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    skip_slow = pytest.mark.skip(reason="slow: run with --slow (or OPBENCH_SLOW_TESTS=1)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not has_gpu():
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture

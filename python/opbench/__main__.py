@@ -1,7 +1,5 @@
 """``python -m opbench``: the opbench command."""
 
-import sys
+from .cli.main import run
 
-from .cli.main import main
-
-sys.exit(main())
+run()

@@ -53,8 +53,11 @@ MERGE_MODES = ("none", "all", "ios")
 
 
 def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
+    """The array outputs on the host (other leaves of a nested output, such as None or numbers, are left out)."""
     out = []
     for t in outputs:
+        if not hasattr(t, "shape"):
+            continue
         if hasattr(t, "detach"):
             out.append(t.detach().float().cpu().numpy())
         elif hasattr(t, "numpy"):
@@ -65,7 +68,10 @@ def _host(outputs: Sequence[Any]) -> list[np.ndarray]:
 
 
 def _leaves(value: Any) -> list[Any]:
-    return [v for item in value for v in _leaves(item)] if isinstance(value, list | tuple) else [value]
+    """The leaves of a nested output (tuples, lists, dicts, named tuples) in PyTorch's pytree order."""
+    import torch
+
+    return list(torch.utils._pytree.tree_leaves(value))
 
 
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -464,7 +470,7 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
             timer: Timer | None, phases: dict[str, float], merge: bool | str = False) -> tuple[
-                TorchBackend, CapturedModel, Schedule, list[dict[str, Any]], bool]:
+                TorchBackend, CapturedModel, Schedule, list[dict[str, Any]], Any]:
     inputs = _check_order(inputs, model, caller)
     given = _load_schedule(schedule)
     clock = time.perf_counter()
@@ -478,10 +484,15 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     with torch.no_grad():
         reference = model(*inputs)
     phases["model_graph_s"] = time.perf_counter() - clock
-    single = not isinstance(reference, list | tuple)
-    plan, rows = evaluate(backend, schedulers, None, _host(_leaves(reference)), repeat, number, tolerance,
+    import torch
+
+    leaves, structure = torch.utils._pytree.tree_flatten(reference)
+    if not any(isinstance(v, torch.Tensor) for v in leaves):
+        raise OpBenchError(f"{type(model).__name__} returns no tensor ({type(reference).__name__}): nothing to "
+                           "schedule")
+    plan, rows = evaluate(backend, schedulers, None, _host(leaves), repeat, number, tolerance,
                           mode=mode, baseline=baseline, schedule=given, timer=timer, phases=phases)
-    return backend, baseline, plan, rows, single
+    return backend, baseline, plan, rows, structure
 
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
@@ -506,14 +517,18 @@ class CapturedSchedule:
     Outputs are the graph's static output tensors, overwritten by the next call.
     """
 
-    def __init__(self, backend: KernelBackend, schedule: Schedule, table: list[dict[str, Any]], single: bool):
-        self.backend, self.schedule, self.table, self._single = backend, schedule, table, single
+    def __init__(self, backend: KernelBackend, schedule: Schedule, table: list[dict[str, Any]], structure: Any):
+        self.backend, self.schedule, self.table, self._structure = backend, schedule, table, structure
         self.executor = ParallelExecutor(backend, schedule)
         self.executor.run()
 
     def __call__(self, *inputs: Any) -> Any:
+        import torch
+
         outputs = self.executor.run(inputs)
-        return outputs[0] if self._single else tuple(outputs)
+        if self._structure.num_leaves == len(outputs):  # the model's own nesting (tuple, dict, ...)
+            return torch.utils._pytree.tree_unflatten(list(outputs), self._structure)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
@@ -539,20 +554,23 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     start = time.perf_counter()
     phases: dict[str, float] = {}
     try:
-        backend, baseline, plan, rows, single = _select(inputs, model, "capturer", schedulers, mode, schedule,
+        backend, baseline, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
                                                         tolerance, repeat, number, timer, phases, merge)
     except OpBenchError as err:
-        if not str(err).startswith("torch.export failed"):
-            raise
-        log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
-        return model
+        if str(err).startswith("torch.export failed"):
+            log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
+            return model
+        if "returns no tensor" in str(err):
+            log.warning("%s; running the model unscheduled", err)
+            return model
+        raise
     table = table_rows(rows)
     result: Any
     if rows[0]["kept"] and rows[0]["plan"] is None:
         result = baseline
         result.schedule = None
     else:
-        result = CapturedSchedule(backend, plan, table, single)
+        result = CapturedSchedule(backend, plan, table, structure)
     result.table = table
     result.trace = backend.trace
     result.phases = phases

@@ -4,26 +4,44 @@ TVM runs Python callbacks inside its C++ passes; a ``KeyboardInterrupt`` raised 
 be turned into another error or swallowed by the pass, and the run would go on with a different
 graph. :func:`install` records the signal before raising, and the jobs call :func:`check` between
 phases, so a swallowed interrupt still stops the run.
+
+Inside MetaSchedule's tuning loop an exception raised at an arbitrary point (while its C++ search
+runs a parallel loop, say) ends the process in ``std::terminate``. There the jobs use
+:func:`deferred`: a signal is only recorded, and :func:`check` raises it at the loop's safe points
+(the builder between two candidates, the runner between two measurements, the trial recorder
+after a batch is written), from which the exception unwinds cleanly.
+
+:func:`exiting` covers the last moments of a process: once the job has returned, a signal writes
+one line and ends the process with 128 + the signal's number, instead of a traceback from an
+interpreter that is shutting down.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 _received: list[int] = []
+_deferring: list[bool] = []
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _handler(signum: int, _frame: Any) -> None:
     _received.append(signum)
-    raise KeyboardInterrupt
+    if not _deferring:
+        raise KeyboardInterrupt
 
 
 def install() -> None:
     """Handle SIGINT and SIGTERM by recording them and raising ``KeyboardInterrupt``."""
     _received.clear()
-    signal.signal(signal.SIGINT, _handler)
-    signal.signal(signal.SIGTERM, _handler)
+    _deferring.clear()
+    for signum in SIGNALS:
+        signal.signal(signum, _handler)
 
 
 def received() -> int | None:
@@ -35,3 +53,34 @@ def check() -> None:
     """Raise ``KeyboardInterrupt`` if a signal arrived (even if an earlier raise was swallowed)."""
     if _received:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within the block a signal is recorded but not raised; :func:`check` raises it (module docstring).
+
+    On leaving the block a signal that arrived inside it is raised.
+    """
+    _deferring.append(True)
+    try:
+        yield
+    finally:
+        _deferring.pop()
+    check()
+
+
+def exiting(message: str) -> None:
+    """From now on a signal writes ``message`` and ends the process at once with 128 + its number."""
+
+    def handler(signum: int, _frame: Any = None) -> None:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        os._exit(128 + signum)
+
+    _deferring.append(True)  # while the handlers change, the old one records without raising
+    seen = len(_received)
+    for signum in SIGNALS:
+        signal.signal(signum, handler)
+    if len(_received) > seen:  # one arrived while they changed
+        handler(_received[-1])

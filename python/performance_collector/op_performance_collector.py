@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from opbench.cli.main import main  # noqa: E402
+from opbench.cli.main import run  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["collect", *sys.argv[1:]], prog="op_performance_collector.py"))
+    run(["collect", *sys.argv[1:]], prog="op_performance_collector.py")

@@ -51,7 +51,7 @@ def test_unreachable_tracker_is_one_line_within_the_timeout(tmp_path, monkeypatc
     start = time.perf_counter()
     proc = run(*MODEL, "--dataset", str(tmp_path / "d.sqlite"), "--rpc-tracker", f"127.0.0.1:{_free_port()}",
                "--rpc-key", "k", *FAST)
-    assert time.perf_counter() - start < 30
+    assert time.perf_counter() - start < 120  # gave up, well before any test timeout (start-up included)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "unreachable: no answer within 2 s" in proc.stderr
     assert not (tmp_path / "d.sqlite").exists()  # refused before any work

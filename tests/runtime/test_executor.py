@@ -126,8 +126,8 @@ def test_critical_path_known_answer():
     backend = _SleepBackend([[], [0], [0], [1], [2], [3, 4]], [0.001, 0.002, 0.006, 0.002, 0.004, 0.001])
     result = critical_path(backend, repeat=3, number=10)
     assert result["ops"] == [0, 2, 4, 5]
-    assert 12.0 <= result["chain_ms"] < 18.0 and 12.0 <= result["path_ms"] < 18.0
-    assert 16.0 <= result["sum_ms"] < 24.0
+    # sleeps last at least as long as asked (a busy machine only makes them longer: no upper bound)
+    assert result["chain_ms"] >= 12.0 and result["path_ms"] >= 12.0 and result["sum_ms"] >= 16.0
     assert backend.launched[-4:] == [0, 2, 4, 5]  # the chain itself was run and timed
 
 
@@ -140,40 +140,36 @@ def test_critical_path_of_tvm_kernels_is_a_dependency_chain(branchy_backend):
 
 
 @pytest.mark.skipif((__import__("os").cpu_count() or 1) < 2, reason="needs two cores")
-def test_cpu_streams_overlap():
-    """Two independent kernels on two threads take clearly less than their sum (kernels release the lock)."""
-    from opbench.profile.schedule import stage_times
-    from opbench.runtime import resolve_target
-
-    w = load_workload("simple", "branchy:branches=2,depth=1,channels=48,size=24", 1)
-    backend = tvm_backend(w, resolve_target("llvm"))
-    a, b = (n.index for n in backend.graph if backend.graph.preds(n.index) == [0])
-    sequential = ParallelExecutor(backend, get_scheduler("sequential").schedule(backend.graph))
-    parallel = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph))
-    assert parallel.schedule.stream_of[a] != parallel.schedule.stream_of[b]
-
-    def best(run, k=5):
-        run()
-        times = []
-        for _ in range(k):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times)  # the least disturbed run on a shared machine
-
-    seq_branches, par_branches = stage_times(backend, [[[a], [b]]], repeat=5)[0], None
-    alone = sum(stage_times(backend, [[[a]], [[b]]], repeat=5))
-    assert seq_branches == pytest.approx(alone, rel=0.3)  # on the CPU a stage's groups run one after another
-    par_branches = best(lambda: _two_threads(backend, a, b))
-    assert par_branches < 0.75 * alone, (par_branches, alone)
-    assert best(parallel.run) < 0.9 * best(sequential.run)
-
-
-def _two_threads(backend, a, b):
+def test_cpu_streams_run_at_once():
+    """Two independent kernels of a parallel schedule are in flight at the same time on two threads
+    (each waits at a barrier inside its launch: one thread would leave the barrier broken), and the
+    kernels release Python's lock; the outputs equal sequential's. How much faster that is depends on
+    the machine's load: scripts/bench_cpu_threads.py measures it."""
     import threading
 
-    threads = [threading.Thread(target=backend.launch, args=(op,)) for op in (a, b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    from opbench.runtime import resolve_target
+
+    w = load_workload("simple", "branchy:branches=2,depth=1,channels=8,size=6", 1)
+    backend = tvm_backend(w, resolve_target("llvm"))
+    a, b = (n.index for n in backend.graph if backend.graph.preds(n.index) == [0])
+    assert all(f.release_gil for f in backend.kernels.funcs.values())
+    expected = [o.numpy().copy() for o in ParallelExecutor(backend, get_scheduler("sequential").schedule(
+        backend.graph)).run()]
+    parallel = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph))
+    assert parallel.schedule.stream_of[a] != parallel.schedule.stream_of[b]
+    barrier, launch, met = threading.Barrier(2, timeout=60), backend.launch, []
+
+    def meeting_launch(op):
+        if op in (a, b):
+            met.append(barrier.wait())  # returns only once both branches are inside their launch
+        launch(op)
+
+    backend.launch = meeting_launch
+    try:
+        out = parallel.run()
+    finally:
+        backend.launch = launch
+    assert sorted(met) == [0, 1]
+    np.testing.assert_array_equal(out[0].numpy(), expected[0])
+
+

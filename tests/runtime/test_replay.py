@@ -8,17 +8,25 @@ from helpers import replay_vs_vm
 from opbench.models import list_sources, load_workload
 
 LOCAL_SIZES = {"inception_v3": 96}
+# a small instance of each parameterised synthetic model (kernels: 24 of its 200 sampled operators)
+SIMPLE_NAMES = {"matmul": "matmul:n=256", "matmul_matmul_add": "matmul_matmul_add:n=256", "kernels": "kernels:n=24"}
 
 
 @pytest.mark.parametrize("name", sorted(list_sources()["simple"]))
 def test_simple_replay(name, llvm_target):
-    model = f"{name}:n=256" if name.startswith("matmul") else name
+    model = SIMPLE_NAMES.get(name, name)
     err, outs, graph = replay_vs_vm(load_workload("simple", model, 1), llvm_target)
     assert err < 1e-5
     assert len(graph) >= 1 and outs[0].size > 0
 
 
-@pytest.mark.parametrize("name", sorted(list_sources()["local"]))
+# every zoo model is checked with --slow; by default three that cover its kinds of graph: a chain,
+# branches that join (inception blocks), depthwise convolutions
+QUICK = {"resnet-18", "googlenet", "mobilenet"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.slow])
+                                  for n in sorted(list_sources()["local"])])
 def test_local_replay(name, llvm_target):
     pytest.importorskip("torchvision")
     w = load_workload("local", name, 1, image_size=LOCAL_SIZES.get(name, 64))

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 import traceback
@@ -277,7 +278,11 @@ def dataset_path(args: argparse.Namespace) -> str:
 
 
 def check_output_path(path: str | Path | None, flag: str) -> None:
-    """Refuse an output path that cannot be written, before any work is done (``-`` is stdout)."""
+    """Refuse an output path that cannot be written, before any work is done (``-`` is stdout).
+
+    The check opens the file for appending (an existing file's bytes stay as they are; a new one is
+    removed again), so a file the permissions allow but the file system refuses (``/proc/version``
+    for root, a read-only mount) is refused too."""
     if path is None or str(path) == "-":
         return
     p = Path(path)
@@ -286,8 +291,25 @@ def check_output_path(path: str | Path | None, flag: str) -> None:
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise OpBenchError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise OpBenchError(f"{flag} {str(path)!r} is not writable")
+    existed = p.exists()
+    try:
+        with open(p, "ab"):
+            pass
+    except OSError as err:
+        raise OpBenchError(f"{flag} {str(path)!r} is not writable ({err.strerror})") from None
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
+_URL = re.compile(r"https?://[^\s'\"]+", re.IGNORECASE)
+
+
+def public_command(argv: Sequence[str]) -> str:
+    """The command line as the dataset's ``runs`` table records it: URLs without their query
+    strings and fragments (tokens), as the download cache and the workload record them."""
+    from ..models.remoteonnx import redact
+
+    return shlex.join(_URL.sub(lambda m: redact(m.group(0)), a) for a in argv)
 
 
 def write_json(path: str, data: Any) -> None:
@@ -374,6 +396,11 @@ def format_kinds(totals: dict[str, Any]) -> str:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as held:
+        return _cmd_collect(args, held)
+
+
+def _cmd_collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from ..dataset import SCHEMA_VERSION, Dataset, inspect_file
     from ..pipeline import CollectOptions, collect
     from ..profile import TimingConfig
@@ -407,11 +434,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
     path = dataset_path(args)
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
     database_dir = _database_dir(args, path)
+    if args.iftune:  # a second tuning run on this database is refused now, not after measuring
+        from ..tune.database import database_lock
+
+        held.enter_context(database_lock(database_dir))
     workload = _load(args)
     profiler = _profiler(args, target, rpc)
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
-    command = shlex.join([args.prog_name, *args.argv])
+    command = public_command([args.prog_name, *args.argv])
     out = _human(args)
 
     def options(applied: Any = None, force: bool = args.force) -> Any:
@@ -510,15 +541,13 @@ def _profiler(args: argparse.Namespace, target: Any, rpc: Any) -> Any:
 
 def _database_dir(args: argparse.Namespace, dataset: str) -> Path | None:
     """``--database``, else (with ``--iftune``) ``<dataset>.tuning``; checked before any work."""
-    from ..tune.database import default_database_dir
+    from ..tune.database import check_database, default_database_dir
 
-    if args.database is None and not getattr(args, "iftune", False):
+    tuning = getattr(args, "iftune", False)
+    if args.database is None and not tuning:
         return None
     folder = Path(args.database) if args.database else default_database_dir(dataset)
-    if folder.exists() and not folder.is_dir():
-        raise OpBenchError(f"--database {str(folder)!r} is not a folder")
-    if args.database and not getattr(args, "iftune", False) and not folder.is_dir():
-        raise OpBenchError(f"tuning database not found: {str(folder)!r} (tune first with --iftune true)")
+    check_database(folder, write=tuning)
     return folder
 
 
@@ -811,9 +840,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     path = dataset_path(args)
     tables = check_tables([t.strip() for t in args.table.split(",") if t.strip()])
+    check_output_path(args.out, "--out")  # a folder is refused (the tables would land beside it)
     fmt = export_format(args.out, args.format)
     for target in export_targets(args.out, tables):
         check_output_path(target, "--out")
+    Dataset(path, readonly=True).close()  # a file that is not a dataset is refused before anything is said
     log.info("exporting %s from %s", ", ".join(tables), path)
     written = export(path, fmt, args.out, tables)
     with Dataset(path, readonly=True) as ds:
@@ -928,6 +959,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
             return EXIT_FAILURE
 
 
+def run(argv: Sequence[str] | None = None, prog: str = "opbench") -> NoReturn:
+    """The process's entry point: :func:`main`, then exit with its status. A signal that arrives
+    while Python shuts down (its pools and threads stop) ends the process with one line and
+    128 + the signal's number, not with a traceback."""
+    try:
+        code = main(argv, prog)
+    except KeyboardInterrupt:  # a signal after the job returned, before the handlers below take over
+        code = _interrupted(prog)
+    signals.exiting(f"{prog}: interrupted while exiting; every finished measurement is in the dataset")
+    sys.exit(code)
+
+
 def _interrupted(prog: str) -> int:
     signum = signals.received()
     sys.stderr.write(f"{prog}: interrupted; every finished measurement is in the dataset\n")
@@ -935,4 +978,4 @@ def _interrupted(prog: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

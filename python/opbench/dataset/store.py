@@ -27,6 +27,7 @@ from .schema import ALL_TABLES, KEY_COLUMNS, SCHEMA_VERSION, TABLES, columns_of,
 
 log = logging.getLogger("opbench")
 DEFAULT_TIMEOUT_S = 30.0
+RESERVE_BYTES = 256 * 1024  # room for a run's final status on a disk that fills up (Dataset.start_run)
 
 
 def now() -> str:
@@ -283,22 +284,43 @@ class Dataset:
             return int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
 
     def start_run(self, command: str, env: dict[str, Any]) -> int:
-        """Record a new run and return its id."""
+        """Record a new run and return its id.
+
+        A small reserve file beside the dataset (``.<name>.run<id>.reserve``) keeps room for the run's
+        final status: on a disk that fills up during the run it is removed to mark the run finished.
+        """
         with self.guard(), self.conn:
             cur = self.conn.execute(
                 "INSERT INTO runs (started_at, status, command, env) VALUES (?, 'running', ?, ?)",
                 (now(), command, json.dumps(env, default=str)),
             )
-        return int(cur.lastrowid)
+        run_id = int(cur.lastrowid)
+        with contextlib.suppress(OSError):
+            with open(self._reserve(run_id), "wb") as handle:
+                handle.write(b"\0" * RESERVE_BYTES)
+        return run_id
+
+    def _reserve(self, run_id: int) -> Path:
+        return self.path.with_name(f".{self.path.name}.run{run_id}.reserve")
 
     def finish_run(self, run_id: int, status: str) -> None:
-        """Mark a run finished; a failure here is logged, never raised over the run's own error."""
+        """Mark a run finished; a failure here is logged, never raised over the run's own error. On a
+        full disk the run's reserve file makes room for it."""
+        reserve = self._reserve(run_id)
         try:
-            with self.guard(), self.conn:
-                self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?",
-                                  (now(), status, run_id))
-        except OpBenchError as err:
-            log.warning("could not mark run %d %s: %s", run_id, status, err)
+            for attempt in range(2):
+                try:
+                    with self.guard(), self.conn:
+                        self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?",
+                                          (now(), status, run_id))
+                    return
+                except OpBenchError as err:
+                    if attempt or "disk full" not in str(err) or not reserve.exists():
+                        log.warning("could not mark run %d %s: %s", run_id, status, err)
+                        return
+                    reserve.unlink(missing_ok=True)
+        finally:
+            reserve.unlink(missing_ok=True)
 
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Insert or replace one row and commit it."""
@@ -314,6 +336,30 @@ class Dataset:
                f"VALUES ({', '.join('?' for _ in names)})")
         with self.guard(), self.conn:
             self.conn.execute(sql, [_encode(row[c]) for c in names])
+
+    def append(self, table: str, row: dict[str, Any], counter: str) -> int:
+        """Insert ``row`` with its key column ``counter`` set to one more than the largest value among
+        the rows that share the rest of its key (0 for the first), in one statement: rows appended by
+        several processes at once never take the same number. Returns the number given."""
+        unique = TABLES[table][1]
+        if counter not in unique:
+            raise KeyError(f"{counter} is not a key column of {table}")
+        rest = [c for c in unique if c != counter]
+        row = {k: v for k, v in row.items() if k != counter}
+        missing = [c for c in rest if row.get(c) is None]
+        if missing:
+            raise KeyError(f"row for {table} lacks key columns {missing}")
+        columns = {name for name, _ in TABLES[table][0]} | {"run_id"}
+        unknown = set(row) - columns
+        if unknown:
+            raise KeyError(f"unknown columns for {table}: {sorted(unknown)}")
+        names = list(row)
+        where = " AND ".join(f"{c}=?" for c in rest)
+        sql = (f"INSERT INTO {table} ({', '.join(names)}, {counter}) "
+               f"SELECT {', '.join('?' for _ in names)}, COALESCE(MAX({counter}), -1) + 1 FROM {table} WHERE {where}")
+        with self.guard(), self.conn:
+            cur = self.conn.execute(sql, [_encode(row[c]) for c in names] + [row[c] for c in rest])
+            return int(self.conn.execute(f"SELECT {counter} FROM {table} WHERE id=?", (cur.lastrowid,)).fetchone()[0])
 
     def has(self, table: str, key: dict[str, Any]) -> bool:
         """Whether a row with this key was written with status 'ok'."""

@@ -69,7 +69,12 @@ def check_sha256(text: str | None) -> str | None:
 def redact(url: str) -> str:
     """``url`` without its query string and fragment: a query is replaced by a digest of it, so two
     URLs that differ only in their query stay apart while tokens are never stored."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # not a URL Python can split (a malformed IPv6 host): keep what precedes ? and #
+        base, _, rest = url.partition("?") if "?" in url else url.partition("#")
+        query = f"?q-sha256={hashlib.sha256(rest.encode()).hexdigest()[:12]}" if rest else ""
+        return base.partition("#")[0] + query
     query = f"?q-sha256={hashlib.sha256(parts.query.encode()).hexdigest()[:12]}" if parts.query else ""
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")) + query
 
@@ -78,7 +83,11 @@ def check_url(url: str) -> None:
     """Refuse anything but a plain http(s) URL, in one line."""
     if _BAD_URL_CHARS.search(url):
         raise OpBenchError(f"bad URL {url!r}: it contains spaces or control characters (accepted: an http(s) URL)")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as err:
+        raise OpBenchError(f"bad URL {redact(url)!r}: {err} (accepted: an http(s) URL with a host)") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise OpBenchError(f"bad URL {redact(url)!r} (accepted: an http(s) URL with a host)")
 
@@ -166,6 +175,19 @@ def _cached(cache: Path, digest: str | None, want: str | None) -> Path | None:
     return path
 
 
+def _check_onnx(path: Path, name: str) -> None:
+    """Refuse a file that does not parse as an ONNX model with a graph (one line naming it)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OpBenchError(f"{name!r} is not an ONNX model ({first}); nothing cached") from None
+    if not model.ir_version or not model.graph.node:
+        raise OpBenchError(f"{name!r} is not an ONNX model (no graph); nothing cached")
+
+
 def fetch(location: str, cache_dir: Path | None = None, sha256: str | None = None,
           timeout: float = 60.0, max_download_mb: float | None = None) -> tuple[Path, str]:
     """Return a local path to the ONNX file at ``location`` (path or URL) and its SHA-256."""
@@ -213,6 +235,7 @@ def fetch(location: str, cache_dir: Path | None = None, sha256: str | None = Non
         digest = _sha256(Path(tmp_name))
         if want and digest != want:
             raise OpBenchError(f"checksum mismatch for {public!r}: sha256 {digest}, expected {want}")
+        _check_onnx(Path(tmp_name), public)  # an HTML page or anything else is refused before it is cached
         final = cache / f"{digest}.onnx"
         os.replace(tmp_name, final)
     except urllib.error.HTTPError as err:

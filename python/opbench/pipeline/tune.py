@@ -11,11 +11,13 @@ Candidates are built here (see :mod:`opbench.tune.measure`) and measured by Meta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from ..ir import extract_operators
 from ..models import Workload
 from ..profile.env import environment_tags
 from ..runtime import is_gpu
-from .collect import key_only, measurement_key
+from .collect import measurement_key
 from .runs import recorded_run
 
 log = logging.getLogger("opbench")
@@ -79,13 +81,15 @@ def _evaluator() -> Any:
 
 
 def _runner(target: Any, profiler: Any = None) -> Any:
+    from ..tune.measure import CheckedRunner
+
     timeout = 60 if is_gpu(target) else 30
     spec = getattr(profiler, "spec", None)
     if spec is not None:  # an RPC profiler: MetaSchedule's RPCRunner on the same tracker and key
-        return spec.runner(_evaluator(), timeout_sec=timeout)
+        return CheckedRunner(spec.runner(_evaluator(), timeout_sec=timeout))
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
-    return LocalRunner(timeout_sec=timeout, evaluator_config=_evaluator())
+    return CheckedRunner(LocalRunner(timeout_sec=timeout, evaluator_config=_evaluator()))
 
 
 def _builder(target: Any) -> Any:
@@ -135,18 +139,30 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     time_limit:
         Seconds of tuning after which no new task is started (a re-run continues).
     """
-    from tvm.s_tir import meta_schedule as ms
-
     from ..tune import get_tuner
-    from ..tune.database import open_database, records_for, valid_secs
-    from ..tune.measure import TrialRecorder
+    from ..tune.database import database_lock
 
     tuner = get_tuner(tuner)
     if trials < 1:
         raise OpBenchError(f"--trials must be a positive integer, got {trials}")
     _check_tuning_deps()
     database_dir = Path(database_dir)
+    with database_lock(database_dir):  # one tuning run per database folder
+        return _tune(workload, target, dataset, database_dir, tuner, trials, order, tasks_limit, command, profiler,
+                     time_limit)
+
+
+def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path, tuner: Any, trials: int,
+          order: dict[str, float] | None, tasks_limit: int | None, command: str, profiler: Any,
+          time_limit: float | None) -> TuningRun:
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..runtime.startup import import_tensor_intrinsics
+    from ..tune.database import WriteCheck, open_database, records_for, valid_secs
+    from ..tune.measure import CheckedCostModel, SignalCheck, TrialRecorder
+
     database = open_database(database_dir)
+    written = WriteCheck(database_dir)  # MetaSchedule does not report a failed write (a full disk)
     device = profiler.device(target) if profiler is not None else None
     key = {**measurement_key(workload, target, device=device), "config": "tuning"}
     tags = {**environment_tags(target), **(profiler.tags() if profiler is not None else {})}
@@ -155,6 +171,7 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     with recorded_run(dataset, command, tags) as run:
         run_id = run.run_id
         log.info("%s: extracting tuning tasks", workload.name)
+        import_tensor_intrinsics()
         extracted = extracted_tasks(workload, target, getattr(profiler, "remote", None))
         signals.check()
         weight = {t.task_name: int(t.weight) for t in extracted}
@@ -164,9 +181,12 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
         log.info("tuning %d of %d tasks with '%s', up to %d trials each; database %s", total, len(extracted),
                  tuner.name, trials, database_dir)
         work_dir = str(database_dir / "logs")
-        builder, runner = _builder(target), _runner(target, profiler)  # one of each for every task
+        parts: list[Any] = []  # the builder's and runner's worker processes, stopped however the run ends
         try:
-            cost_model = tuner.cost_model()  # shared by the tasks (see opbench.tune.tuners)
+            with signals.deferred():  # a half-made runner would leave its worker process to Python's exit
+                parts += [_builder(target), _runner(target, profiler)]  # one of each for every task
+            builder, runner = parts
+            cost_model = CheckedCostModel(tuner.cost_model())  # shared by the tasks (see opbench.tune.tuners)
             tuning_start = time.perf_counter()
             for i, task in enumerate(chosen, 1):
                 signals.check()
@@ -178,7 +198,6 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
                 earlier = records_for(database, mod)
                 valid_before = [statistics.median(s) for s in (valid_secs(r) for r in earlier) if s]
                 remaining = trials - len(earlier)
-                first = dataset_trials(dataset, key, task.task_name, tuner.name)
                 if remaining <= 0:
                     log.info("task %d/%d %s: %d trials already in the database", i, total, task.task_name, len(earlier))
                     done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), 0,
@@ -189,39 +208,61 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
                         "tuner": tuner.name}
 
                 def sink(row: dict[str, Any], base: dict[str, Any] = base) -> None:
-                    dataset.put("trials", {**base, **row, "measured_at": now()})
+                    # numbered by the dataset: trial rows of runs at once never share a number
+                    dataset.append("trials", {**base, **row, "measured_at": now()}, "trial")
 
                 def report(rec: TrialRecorder, i: int = i, name: str = task.task_name, remaining: int = remaining,
                            task_start: float = task_start) -> None:
                     elapsed = time.perf_counter() - start
                     done_trials = sum(t.trials for t in done) + rec.measured
+                    written.check(done_trials - rec.batch)  # the records of the batches before this one
                     left = trials * (total - i) + max(remaining - rec.measured, 0)
                     eta = elapsed / max(done_trials, 1) * left
                     best = "-" if rec.best_s is None else f"{rec.best_s * 1e3:.4f} ms"
                     log.info("task %d/%d %s: %d/%d trials, %d valid, best %s; %.0f s so far, about %.0f s left",
                              i, total, name, rec.measured, remaining, rec.valid, best, elapsed, eta)
 
-                recorder = TrialRecorder(sink, first_index=first, best_s=min(valid_before, default=None),
-                                         on_batch=report)
+                recorder = TrialRecorder(sink, best_s=min(valid_before, default=None), on_batch=report)
                 strategy = tuner.strategy(trials)
                 _quiet_metaschedule()
                 contexts, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                     [task], work_dir, strategy=strategy, num_threads="physical")
-                ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
-                                   max_trials_global=remaining, max_trials_per_task=remaining,
-                                   num_trials_per_iter=min(64, remaining), builder=builder,
-                                   runner=runner, database=database, cost_model=cost_model,
-                                   measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), recorder],
-                                   task_scheduler="round-robin")
-                signals.check()
+                # the rows first: a batch whose rows cannot be written adds no record to the database
+                callbacks = [recorder, *ms.measure_callback.MeasureCallback.create("default"), SignalCheck()]
+                try:
+                    with signals.deferred(), _logging_errors_quiet():  # signals: stop at a safe point
+                        ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
+                                           max_trials_global=remaining, max_trials_per_task=remaining,
+                                           num_trials_per_iter=min(64, remaining), builder=builder,
+                                           runner=runner, database=database, cost_model=cost_model,
+                                           measure_callbacks=callbacks, task_scheduler="round-robin")
+                except Exception:
+                    if recorder.failure is not None:
+                        raise recorder.failure from None
+                    raise
+                written.check(sum(t.trials for t in done) + recorder.measured)
                 done.append(TaskTuning(task.task_name, weight[task.task_name], len(earlier), recorder.measured,
                                        recorder.valid + len(valid_before), recorder.best_s,
                                        time.perf_counter() - task_start))
         finally:
-            if hasattr(builder, "close"):
-                builder.close()
+            for part in parts:
+                if hasattr(part, "close"):
+                    part.close()
         run.status = "ok"
         return TuningRun(tuner.name, trials, done, time.perf_counter() - start, database_dir, extracted)
+
+
+@contextlib.contextmanager
+def _logging_errors_quiet() -> Iterator[None]:
+    """MetaSchedule's file logs (``logs/`` in the database folder) cannot be written on a full disk:
+    each record would print a traceback. Those failures pass silently; the database and dataset
+    writes report a full disk once."""
+    saved = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = saved
 
 
 def _quiet_metaschedule() -> None:
@@ -236,11 +277,6 @@ def _quiet_metaschedule() -> None:
     for handler in list(ms_log.handlers):
         if handler.get_name() is None:
             ms_log.removeHandler(handler)
-
-
-def dataset_trials(dataset: Dataset, key: dict[str, Any], task: str, tuner: str) -> int:
-    """How many trials of ``task`` with ``tuner`` the dataset already holds (the next trial index)."""
-    return dataset.count("trials", {**key_only(key), "task": task, "tuner": tuner})
 
 
 def extracted_tasks(workload: Workload, target: Any, device: Any = None) -> list[Any]:

@@ -46,7 +46,8 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         raise OpBenchError(f"--folds must be at least 2, got {folds}")
     start = time.perf_counter()
     skip = set(exclude or [])
-    meta: dict[str, Any] = {"dataset": str(dataset), "split": split, "seed": seed, "excluded": sorted(skip)}
+    # the dataset's file name only: a predictor file names no folder of the machine that trained it
+    meta: dict[str, Any] = {"dataset": Path(dataset).name, "split": split, "seed": seed, "excluded": sorted(skip)}
     model: Predictor
     if what == "latency":
         rows, device_name = latency.latency_rows(str(dataset), device, config)

@@ -29,6 +29,7 @@ class Predictor:
     """
 
     what = ""
+    blob_names: tuple[str, ...] = ()  # the data files (besides boosters) a predictor of this kind holds
 
     def __init__(self, meta: dict[str, Any] | None = None) -> None:
         self.meta: dict[str, Any] = dict(meta or {})
@@ -67,17 +68,29 @@ class Predictor:
         return path
 
     @classmethod
-    def _from_zip(cls, meta: dict[str, Any], zf: zipfile.ZipFile) -> Predictor:
+    def _from_zip(cls, meta: dict[str, Any], zf: zipfile.ZipFile, path: Path) -> Predictor:
         import xgboost as xgb
 
         obj = cls(meta)
+        foreign = [n for n in meta.get("blobs", []) if n not in cls.blob_names]
+        if foreign:
+            raise OpBenchError(f"predictor file '{path}' holds '{foreign[0]}', which OpBench does not load (accepted: "
+                               f"{', '.join(cls.blob_names) or 'none'} for a {cls.what} predictor; a file in an older "
+                               f"format may carry code): retrain it with 'opbench train --what {cls.what}'")
         for name in meta.get("boosters", []):
             booster = xgb.Booster()
             booster.load_model(bytearray(zf.read(f"{name}.ubj")))
             obj.boosters[name] = booster
         for name in meta.get("blobs", []):
             obj.blobs[name] = zf.read(name)
+        try:
+            obj.validate()
+        except OpBenchError as err:
+            raise OpBenchError(f"predictor file '{path}': {err}") from None
         return obj
+
+    def validate(self) -> None:
+        """Raise a one-line :class:`OpBenchError` if the loaded data do not make a working predictor."""
 
     def booster_predict(self, name: str, x: np.ndarray, margin: np.ndarray | None = None) -> np.ndarray:
         """Raw predictions of booster ``name`` for the rows of ``x`` (plus ``margin``, for a booster
@@ -120,8 +133,9 @@ def load_predictor(path: str | Path, what: str | None = None) -> Any:
                                    f"(train one with 'opbench train --what {what}')")
             if found not in kinds:
                 raise KeyError
-            return kinds[found]._from_zip(meta, zf)
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError):
+            return kinds[found]._from_zip(meta, zf, path)
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError,
+            AttributeError, OSError):
         raise OpBenchError(f"'{path}' is not an OpBench predictor file (made by 'opbench train')") from None
 
 

@@ -13,12 +13,12 @@ round and retrains on old and new measurements together as tuning goes on.
 
 from __future__ import annotations
 
+import io
 import logging
-import tempfile
 import types
+import zipfile
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from .splits import check_split, folds
 log = logging.getLogger("opbench")
 MIN_TASKS = 2
 MIN_TRIALS = 2
+DATA_BLOB = "trials_data.npz"  # the training data's arrays (NumPy's npz, read without pickle)
 
 
 # the device limits MetaSchedule's GPU rules read, for replaying a GPU's trials without the GPU
@@ -96,6 +97,9 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
     from tvm.s_tir.schedule import Trace
 
+    from ..runtime.startup import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
     context = TuneContext(mod=mod, target=target)
     candidates, where = [], []
     for i, trace in enumerate(traces):
@@ -170,29 +174,62 @@ def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0) -> Any:
 
 
 class TrialsPredictor(Predictor):
-    """MetaSchedule's ``XGBModel`` (saved in its own format) with the facts of its training."""
+    """MetaSchedule's ``XGBModel``, saved as data only: its booster in XGBoost's own format and its
+    training data (per task: the candidates' features and costs) as plain NumPy arrays.
+
+    MetaSchedule's own ``XGBModel.save`` writes the training data as a pickle, which runs code when
+    it is loaded; a predictor file may come from anywhere, so it is never written or read that way
+    (an older file that holds one is refused).
+    """
 
     what = "trials"
+    blob_names = (DATA_BLOB,)
 
     @classmethod
     def fit(cls, tasks: Sequence[dict[str, Any]], seed: int = 0, meta: dict[str, Any] | None = None
             ) -> TrialsPredictor:
         obj = cls({**(meta or {}), "features": "MetaSchedule PerStoreFeature",
                    "n_rows": sum(len(t["xs"]) for t in tasks), "tasks": len(tasks)})
-        obj.model = fit_xgb(tasks, seed)
-        with tempfile.TemporaryDirectory() as tmp:
-            file = Path(tmp) / "xgb_model.tar"
-            obj.model.save(str(file))
-            obj.blobs["metaschedule_xgb.tar"] = file.read_bytes()
+        obj.set_model(fit_xgb(tasks, seed))
         return obj
 
+    def set_model(self, model: Any) -> None:
+        """Keep ``model`` (a trained ``XGBModel``) as this predictor's booster and arrays."""
+        groups = list(model.data.values())
+        arrays: dict[str, np.ndarray] = {}
+        for i, group in enumerate(groups):
+            feats = [np.asarray(f, dtype="float32").reshape(len(f), -1) for f in group.features]
+            width = max((f.shape[1] for f in feats), default=0)
+            arrays[f"rows{i}"] = np.array([len(f) for f in feats], dtype="int64")
+            arrays[f"features{i}"] = (np.concatenate(feats) if feats else np.zeros((0, width), "float32"))
+            arrays[f"costs{i}"] = np.asarray(group.costs, dtype="float32")
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        self.meta["groups"] = [str(g.group_hash) for g in groups]
+        self.blobs = {DATA_BLOB: buffer.getvalue()}
+        self.boosters = {"trials": model.booster} if model.booster is not None else {}
+
+    def validate(self) -> None:
+        self.cost_model()
+
     def cost_model(self) -> Any:
-        """A MetaSchedule ``XGBModel`` loaded from this predictor (a fresh one per call)."""
+        """A MetaSchedule ``XGBModel`` with this predictor's booster and training data (a fresh one per call)."""
+        from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
         model = _xgb_model()
-        with tempfile.TemporaryDirectory() as tmp:
-            file = Path(tmp) / "xgb_model.tar"
-            file.write_bytes(self.blobs["metaschedule_xgb.tar"])
-            model.load(str(file))
+        try:
+            with np.load(io.BytesIO(self.blobs[DATA_BLOB]), allow_pickle=False) as arrays:
+                for i, group_hash in enumerate(self.meta.get("groups", [])):
+                    rows, feats = arrays[f"rows{i}"], arrays[f"features{i}"]
+                    features = np.split(feats.astype("float32"), np.cumsum(rows)[:-1]) if len(rows) else []
+                    model.data[group_hash] = FeatureGroup(group_hash=str(group_hash), features=list(features),
+                                                          costs=arrays[f"costs{i}"].astype("float32"))
+                    model.data_size += len(features)
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+            raise OpBenchError(f"trials predictor: its training data do not read ({err}); retrain it with "
+                               "'opbench train --what trials'") from None
+        if "trials" in self.boosters:
+            model.booster = self.boosters["trials"]
         model.last_train_size = model.data_size
         return model
 

@@ -29,16 +29,20 @@ def write_report(dataset: str | Path, out: str | Path, device: str | None = None
     from . import figures
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OpBenchError(f"--out '{out}' is a file (accepted: a folder for the report)")
+    data = figures.ReportData.load(dataset, device)  # a missing or foreign dataset is refused before DIR is made
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OpBenchError(f"cannot create the report folder '{out}': {err.strerror}") from None
-    data = figures.ReportData.load(dataset, device)
     sections: list[tuple[str, str, str | None, str]] = []  # title, file, note if missing, caption
     for title, name, draw in figures.FIGURES:
         start = time.perf_counter()
         try:
-            caption = draw(data, out / name, schedule=schedule, schedule_model=schedule_model)
+            # names are text, not TeX: a model named 'm$x$' is drawn as it is written
+            with matplotlib.rc_context({"text.parse_math": False}):
+                caption = draw(data, out / name, schedule=schedule, schedule_model=schedule_model)
         except figures.Missing as missing:
             sections.append((title, name, str(missing), ""))
             log.info("report: %s skipped (%s)", title, missing)

@@ -39,9 +39,13 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
             )
     kind = config.get("kind")
     if kind == "llvm":
-        from tvm.target.codegen import llvm_get_system_cpu
+        from tvm.target.codegen import llvm_get_system_cpu, llvm_get_system_triple, llvm_is_valid_cpu
 
         config.setdefault("mcpu", llvm_get_system_cpu())
+        triple = str(config.get("mtriple") or llvm_get_system_triple())
+        if not llvm_is_valid_cpu(str(config["mcpu"]), triple):  # LLVM would build for a generic CPU
+            raise OpBenchError(f"unknown mcpu '{config['mcpu']}' for {triple} (accepted: a CPU LLVM knows, e.g. "
+                               f"'{llvm_get_system_cpu()}' for this machine, or leave mcpu out)")
     elif kind == "cuda" and not local_device:
         if "arch" not in config:
             raise OpBenchError("a remote GPU's architecture cannot be read from this machine: give it in the "

@@ -12,13 +12,16 @@ becomes the rows' ``config`` (``db:<digest>``), so tuned and default rows live s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import gzip
 import json
 import logging
 import os
 import shutil
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,133 @@ def open_database(folder: str | Path, create: bool = True) -> Any:
     except Exception as err:  # a corrupt or foreign file
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise OpBenchError(f"cannot read tuning database {str(folder)!r}: {first}") from None
+
+
+def check_database(folder: str | Path, write: bool) -> None:
+    """Refuse, before any work, a database that cannot serve: one to be written (tuning) must be a
+    writable folder or one that can be created; one that exists must read as a MetaSchedule database."""
+    folder = Path(folder)
+    if folder.exists():
+        if not folder.is_dir():
+            raise OpBenchError(f"--database {str(folder)!r} is not a folder")
+        files = [folder] + [folder / n for n in DATABASE_FILES if (folder / n).exists()]
+        if write and not all(os.access(f, os.W_OK) for f in files):
+            raise OpBenchError(f"tuning database {str(folder)!r} is not writable (tuning adds its records there; "
+                               "use --database DIR for another folder)")
+        open_database(folder, create=False)  # a corrupt or foreign file is refused here
+        return
+    if not write:
+        raise OpBenchError(f"tuning database not found: {str(folder)!r} (tune first with --iftune true)")
+    parent = next((p for p in folder.absolute().parents if p.exists()), Path("/"))
+    if not (parent.is_dir() and os.access(parent, os.W_OK)):
+        raise OpBenchError(f"cannot create tuning database {str(folder)!r}: {str(parent)!r} is not a writable "
+                           "folder (use --database DIR)")
+
+
+class WriteCheck:
+    """Checks that MetaSchedule's writes to a database folder arrived whole.
+
+    Its JSON database appends one line per record and does not report a failed write: on a full
+    disk a record is cut short, or missing, and the file no longer reads. :meth:`check` is given
+    how many records this run has committed so far; a records file that gained fewer lines, or
+    a file that ends inside a line, is cut back to its last whole line (so that it reads again) and
+    raises a one-line error naming the file.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.records = Path(folder) / DATABASE_FILES[1]
+        self.workloads = Path(folder) / DATABASE_FILES[0]
+        self.start = self.records.stat().st_size if self.records.exists() else 0
+
+    def check(self, committed: int) -> None:
+        for path in (self.workloads, self.records):
+            if path.exists() and not _ends_whole(path):
+                _cut_to_last_line(path)
+                raise OpBenchError(f"cannot write tuning database file {str(path)!r}: a record was cut short (is the "
+                                   "disk full?); the partial record was removed, earlier records and every trial "
+                                   "row are kept")
+        lines = 0
+        if self.records.exists():
+            with open(self.records, "rb") as handle:
+                handle.seek(self.start)
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    lines += chunk.count(b"\n")
+        if lines < committed:
+            raise OpBenchError(f"cannot write tuning database file {str(self.records)!r}: {committed - lines} of "
+                               f"{committed} records of this run are missing (is the disk full?); every trial row "
+                               "is kept")
+
+
+def _ends_whole(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return True
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
+
+
+def _cut_to_last_line(path: Path) -> None:
+    """Truncate ``path`` after its last newline (everything, if it has none)."""
+    with open(path, "rb+") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            step = min(1 << 16, pos)
+            handle.seek(pos - step)
+            chunk = handle.read(step)
+            found = chunk.rfind(b"\n")
+            if found >= 0:
+                handle.truncate(pos - step + found + 1)
+                return
+            pos -= step
+        handle.truncate(0)
+
+
+_held: dict[Path, list[Any]] = {}  # database folder -> [open lock file, holders in this process]
+
+
+@contextlib.contextmanager
+def database_lock(folder: str | Path) -> Iterator[None]:
+    """Hold the tuning database ``folder`` for one tuning run (the folder is created).
+
+    MetaSchedule's JSON files are read once when a run opens them and appended to as it goes, so
+    two runs on one folder would list the same workload twice and number their records apart: a
+    second run, from another process, is refused in one line while the first holds the folder.
+    Nested holds in one process share the lock.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        key = folder.resolve()
+        if key not in _held:
+            handle = open(folder / ".opbench-lock", "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise OpBenchError(f"tuning database {str(folder)!r} is in use by another tuning run ({holder}); "
+                                   "wait for it to finish, or tune into another --database") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"process {os.getpid()}")
+            handle.flush()
+            _held[key] = [handle, 0]
+    except OSError as err:
+        raise OpBenchError(f"cannot use tuning database {str(folder)!r}: {err.strerror}") from None
+    _held[key][1] += 1
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if not _held[key][1]:
+            handle = _held.pop(key)[0]
+            with contextlib.suppress(OSError):
+                handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
 
 
 def valid_secs(record: Any) -> list[float] | None:

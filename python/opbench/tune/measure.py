@@ -5,9 +5,16 @@
   (half a minute on a small machine), so on CPU targets building in-process is several times faster.
 * :class:`PoolBuilder`: worker processes that start once per tuning run and build a batch in
   parallel (GPU targets, where each candidate's CUDA compilation takes about a second).
+* :class:`CheckedRunner`: MetaSchedule's runner, measuring one candidate at a time where it
+  measures synchronously (its ``LocalRunner``), so that Ctrl-C stops a batch between two candidates.
 * :class:`TrialRecorder`: a ``PyMeasureCallback`` that hands every measured candidate (trace,
   decoded knobs, build and run status with the error text, run times, best so far) to a sink,
   the dataset's ``trials`` table; MetaSchedule itself keeps only ``1e10`` for a failure.
+* :class:`CheckedCostModel` and :class:`SignalCheck`: a cost model and a last measure callback
+  that stop the loop on a signal during the search and after a batch is written.
+
+Every one of them calls :func:`opbench.signals.check` at points from which an exception unwinds
+through MetaSchedule's C++ loop cleanly (see :mod:`opbench.signals`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from typing import Any
 import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.s_tir.meta_schedule.runner import PyRunner
 
 from .. import signals
 from .knobs import decode_knobs, dumps
@@ -106,7 +115,7 @@ class PoolBuilder(PyBuilder):
         results = []
         for future in futures:
             try:
-                path, error = future.result(timeout=self.timeout_s)
+                path, error = _result(future, self.timeout_s)
             except FutureTimeout:
                 path, error = None, f"build timeout: killed after {self.timeout_s:g} s"
             except Exception as err:  # a worker that died: the candidate is a failed build
@@ -120,6 +129,51 @@ class PoolBuilder(PyBuilder):
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _result(future: Any, timeout_s: float, poll_s: float = 0.2) -> Any:
+    """``future.result(timeout_s)``, checking for a signal every ``poll_s`` seconds while it waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        signals.check()
+        try:
+            return future.result(timeout=max(0.0, min(poll_s, deadline - time.monotonic())))
+        except FutureTimeout:
+            if time.monotonic() >= deadline:
+                raise
+
+
+@derived_object
+class CheckedRunner(PyRunner):
+    """``runner`` (a MetaSchedule runner), with a signal check between two candidates.
+
+    MetaSchedule's ``LocalRunner`` measures a whole batch inside one ``run`` call; here it gets one
+    candidate per call. A runner that measures asynchronously (``RPCRunner``, several remote devices
+    at once) gets the batch in one call, with a check before and after.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__()
+        self.runner = runner
+        from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+        self.one_by_one = isinstance(runner, LocalRunner)  # it measures inside run(), on one worker
+
+    def run(self, runner_inputs: list[Any]) -> list[Any]:
+        signals.check()
+        if not self.one_by_one:
+            return list(self.runner.run(runner_inputs))
+        futures = []
+        for item in runner_inputs:
+            signals.check()
+            futures.extend(self.runner.run([item]))
+        return futures
+
+    def close(self) -> None:
+        """Stop the runner's worker process (it would otherwise be stopped while Python exits)."""
+        pool = getattr(self.runner, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 def error_text(message: Any, limit: int = 4000) -> str:
@@ -147,19 +201,30 @@ def _status(build: Any, run: Any) -> tuple[str, str | None, list[float] | None]:
 class TrialRecorder(PyMeasureCallback):
     """Hands one row per measured candidate to ``sink`` and reports progress (see the module docstring)."""
 
-    def __init__(self, sink: Callable[[dict[str, Any]], None], first_index: int = 0,
-                 best_s: float | None = None, on_batch: Callable[[TrialRecorder], None] | None = None) -> None:
+    def __init__(self, sink: Callable[[dict[str, Any]], None], best_s: float | None = None,
+                 on_batch: Callable[[TrialRecorder], None] | None = None) -> None:
         super().__init__()
         self.sink = sink
-        self.index = first_index
         self.best_s = best_s
         self.valid = 0
         self.measured = 0
         self.on_batch = on_batch
+        self.batch = 0  # candidates in the batch being recorded
+        self.failure: Exception | None = None  # what stopped the recorder, as raised
         self.started = time.perf_counter()
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: list[Any], builder_results: list[Any],
               runner_results: list[Any]) -> None:
+        self.batch = len(measure_candidates)
+        try:
+            self._record(measure_candidates, builder_results, runner_results)
+            if self.on_batch is not None:
+                self.on_batch(self)
+        except Exception as err:  # MetaSchedule's C++ loop hands it on as a RuntimeError: keep the original
+            self.failure = err
+            raise
+
+    def _record(self, measure_candidates: list[Any], builder_results: list[Any], runner_results: list[Any]) -> None:
         for candidate, build, run in zip(measure_candidates, builder_results, runner_results, strict=True):
             status, error, secs = _status(build, run)
             median = statistics.median(secs) if secs else None
@@ -172,11 +237,39 @@ class TrialRecorder(PyMeasureCallback):
                 knobs = decode_knobs(trace)
             except Exception as err:  # knobs are extra columns: never lose the trial for them
                 knobs = {"decode_error": f"{type(err).__name__}: {err}"}
-            self.sink({"trial": self.index, "trace": dumps(trace), "knobs": knobs, "build_status": status,
+            self.sink({"trace": dumps(trace), "knobs": knobs, "build_status": status,
                        "error": error, "run_secs": secs, "latency_median_s": median,
                        "best_so_far_s": self.best_s})
-            self.index += 1
             self.measured += 1
-        if self.on_batch is not None:
-            self.on_batch(self)
+
+
+@derived_object
+class SignalCheck(PyMeasureCallback):
+    """The last measure callback: a signal that arrived while the batch ran stops tuning here, once
+    the batch's trial rows and database records are written."""
+
+    def apply(self, *_args: Any) -> None:
         signals.check()
+
+
+@derived_object
+class CheckedCostModel(PyCostModel):
+    """``model`` (a MetaSchedule cost model), with a signal check before each prediction: the search
+    asks for predictions between its parallel loops, so a signal during the search stops it there."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def load(self, path: str) -> None:
+        self.model.load(path)
+
+    def save(self, path: str) -> None:
+        self.model.save(path)
+
+    def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+        self.model.update(context, candidates, results)
+
+    def predict(self, context: Any, candidates: list[Any]) -> Any:
+        signals.check()
+        return self.model.predict(context, candidates)

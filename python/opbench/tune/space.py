@@ -74,6 +74,9 @@ def task_space(mod: Any, target: Any, name: str) -> dict[str, Any]:
     """Every sketch of one task's design space."""
     from tvm.s_tir import meta_schedule as ms
 
+    from ..runtime.startup import import_tensor_intrinsics
+
+    import_tensor_intrinsics()
     context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", task_name=name)
     sketches = [sketch_space(sch.trace) for sch in context.generate_design_space()]
     return {"task": name, "sketches": sketches, "space_size": sum(s["space_size"] for s in sketches)}
