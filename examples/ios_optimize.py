@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from opbench.parallel import CapturedModel, TorchBackend, capturer, evaluate, format_comparison
+from opbench.cli.format import format_comparison
+from opbench.parallel import capturer
+from opbench.pipeline.compare import evaluate
 from opbench.profile.schedule import stage_table
+from opbench.runtime.backend import TorchBackend
+from opbench.runtime.graphs import CapturedModel
 
 
 class Block(torch.nn.Module):

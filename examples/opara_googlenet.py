@@ -13,7 +13,7 @@ import torch
 
 import opbench
 from opbench.models import load_workload
-from opbench.parallel import CapturedModel
+from opbench.runtime.graphs import CapturedModel
 
 
 def median_ms(fn, repeat: int = 10, number: int = 20) -> float:

@@ -74,7 +74,10 @@ def set_precision(precision: str) -> None:
 def bench_one(name: str, precision: str, args) -> dict:
     import torch
 
-    from opbench.parallel import CapturedModel, TorchBackend, capturer, critical_path
+    from opbench.parallel import capturer
+    from opbench.pipeline.compare import critical_path
+    from opbench.runtime.backend import TorchBackend
+    from opbench.runtime.graphs import CapturedModel
 
     set_precision(precision)
     res: dict = {"model": name, "precision": precision}

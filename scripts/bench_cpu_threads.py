@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from opbench.models import load_workload
-    from opbench.parallel import tvm_backend
+    from opbench.pipeline.compile import tvm_backend
     from opbench.runtime import resolve_target
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import get_scheduler

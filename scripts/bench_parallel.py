@@ -48,7 +48,7 @@ def torch_baselines(module, x, res: dict, repeat: int, number: int, compile: boo
     eager output."""
     import torch
 
-    from opbench.parallel import CapturedModel
+    from opbench.runtime.graphs import CapturedModel
 
     with torch.no_grad():
         ref = module(x).clone()
@@ -70,12 +70,14 @@ def torch_baselines(module, x, res: dict, repeat: int, number: int, compile: boo
 def bench_model(name: str, batch: int, args) -> dict:
     import torch
 
-    from opbench.ir import extract_operators
     from opbench.models import load_workload
-    from opbench.parallel import CapturedModel, TorchBackend, TVMBackend, evaluate_with_bound, table_rows
+    from opbench.pipeline.compare import evaluate_with_bound, table_rows
+    from opbench.pipeline.compile import compile_workload
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
-    from opbench.runtime import OperatorKernels, build_module, flatten_outputs, resolve_target
+    from opbench.runtime import flatten_outputs, resolve_target
+    from opbench.runtime.backend import TorchBackend, TVMBackend
+    from opbench.runtime.graphs import CapturedModel
     from opbench.schedule import IOS, get_scheduler
 
     res: dict = {"model": name, "batch": batch}
@@ -89,17 +91,12 @@ def bench_model(name: str, batch: int, args) -> dict:
     scheds_time = {}
     target = resolve_target("cuda")
     t = time.perf_counter()
-    lowered, opgraph = extract_operators(w.mod, target)
-    applied = None
-    if args.database:  # tuned kernels where the database has records (default schedules elsewhere)
-        from opbench.pipeline.tune import extracted_tasks
-        from opbench.tune.database import applied_database
-
-        applied = applied_database(args.database, extracted_tasks(w, target), target)
-        res["tvm_config"] = applied.config if applied else "default"
-    built = build_module(lowered, target, applied.database if applied else None)
+    # tuned kernels where the database has records (default schedules elsewhere)
+    compiled = compile_workload(w, target, args.database)
+    if args.database:
+        res["tvm_config"] = compiled.config
     res["tvm_compile_s"] = time.perf_counter() - t
-    kernels = OperatorKernels(opgraph, built)
+    built, kernels = compiled.built, compiled.kernels
     vm = built.vm()
     inputs = kernels.to_device(w.example_inputs())
     res["tvm_vm_err"] = rel_err(flatten_outputs(vm["main"](*inputs))[0], ref)

@@ -41,7 +41,7 @@ def shown(path: str | Path) -> str:
 
 
 def metrics(args: argparse.Namespace) -> dict:
-    from opbench.predict import train
+    from opbench.pipeline.train import train
 
     # (what, split, features, folds, seed); 100 folds is one per model (leave one model out)
     runs = [("latency", "by_model", f, folds, 0) for f in ("graph", "graph+launch", "graph+kernel")

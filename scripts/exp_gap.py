@@ -102,7 +102,7 @@ def inside_times(backend: Any, plan: Any, replays: int) -> tuple[dict[int, float
 
 def analyse(name: str, build: Any, precision: str, repeat: int, number: int) -> dict[str, Any]:
     """Steps 1-4 of the module docstring on the backends ``build(merge)`` returns."""
-    from opbench.parallel import critical_path, operator_latencies, scheduling_cost
+    from opbench.pipeline.compare import critical_path, operator_latencies, scheduling_cost
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import IOS, Greedy, Nimble, Opara, Sequential
 
@@ -187,7 +187,7 @@ def main() -> None:
     import torch
 
     from opbench.models import load_workload
-    from opbench.parallel import torch_backend, tvm_backend
+    from opbench.pipeline.compile import torch_backend, tvm_backend
     from opbench.runtime import resolve_target
 
     out_dir = Path(args.out)

@@ -23,9 +23,10 @@ def main() -> None:
     import torch
 
     from opbench.models import load_workload
-    from opbench.parallel import TorchBackend, critical_path, scheduling_cost
+    from opbench.pipeline.compare import critical_path, scheduling_cost
     from opbench.profile.schedule import operator_times
     from opbench.profile.timer import cuda_event_samples
+    from opbench.runtime.backend import TorchBackend
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import get_scheduler
 

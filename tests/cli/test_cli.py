@@ -15,7 +15,7 @@ import pytest
 
 from conftest import has_gpu
 from helpers import FAST, ROOT, SCRIPT, SMALL, count_rows, run, tiny_onnx_bytes
-from opbench.cli.main import format_table
+from opbench.cli.format import format_table
 from opbench.utils import parse_bool
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from opbench import OpBenchError
-from opbench.cli.main import check_output_path, kind_totals, one_line
+from opbench.cli.format import check_output_path, kind_totals, one_line
 from opbench.utils import announced
 
 

@@ -138,7 +138,7 @@ def test_merge_known_answer_on_the_ios_block():
     import numpy as np
 
     from opbench.ir.merge import merge_sibling_convs, sibling_groups
-    from opbench.parallel import tvm_backend, tvm_ios_merges
+    from opbench.pipeline.compile import tvm_backend, tvm_ios_merges
     from opbench.runtime import resolve_target
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import SCHEDULERS, get_scheduler

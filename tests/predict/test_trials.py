@@ -7,7 +7,8 @@ import pytest
 from opbench import OpBenchError
 from opbench.dataset import Dataset
 from opbench.models import load_workload
-from opbench.predict import load_predictor, train
+from opbench.pipeline.train import train
+from opbench.predict import load_predictor
 
 pytest.importorskip("xgboost")
 pytest.importorskip("cloudpickle")
@@ -38,12 +39,11 @@ def test_trials_predictor_ranks_held_out_tasks(tuned, tmp_path):
 
 
 def test_pretrained_cost_model_in_a_short_tuning_run(tuned, tmp_path):
-    from opbench.pipeline.tune import tune_workload
+    from opbench.pipeline.tune import load_pretrained, tune_workload
     from opbench.runtime import resolve_target
-    from opbench.tune import pretrained_tuner
 
     train(tuned / "d.sqlite", "trials", "by_task", tmp_path / "trials.opm", folds=2)
-    tuner = pretrained_tuner("xgb", str(tmp_path / "trials.opm"), "llvm")
+    tuner = load_pretrained("xgb", str(tmp_path / "trials.opm"), "llvm")
     assert tuner.name == "xgb-pretrained"
     loaded = tuner.cost_model()
     before = loaded.data_size
@@ -55,6 +55,6 @@ def test_pretrained_cost_model_in_a_short_tuning_run(tuned, tmp_path):
     assert run.tuner == "xgb-pretrained" and len(rows) == 6 and {r["tuner"] for r in rows} == {"xgb-pretrained"}
     assert any(r["build_status"] == "ok" for r in rows)
     with pytest.raises(OpBenchError, match="--pretrained works with --tuner xgb"):
-        pretrained_tuner("random", str(tmp_path / "trials.opm"))
+        load_pretrained("random", str(tmp_path / "trials.opm"))
     with pytest.raises(OpBenchError, match="trained for target 'llvm'"):
-        pretrained_tuner("xgb", str(tmp_path / "trials.opm"), "cuda")
+        load_pretrained("xgb", str(tmp_path / "trials.opm"), "cuda")

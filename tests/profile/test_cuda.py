@@ -65,7 +65,7 @@ def test_resources_match_tir(cuda_target):
     ds, result = _collected(cuda_target)
     rows = result.rows
     conv = next(r for r in rows if r["kind"] == "conv2d")
-    extents = launch_extents(result.extra["built"].scheduled[conv["func"]])
+    extents = launch_extents(result.built.scheduled[conv["func"]])
     assert json.loads(conv["grid"]) == [extents[0]["grid"]]
     assert json.loads(conv["block"]) == [extents[0]["block"]]
     assert conv["num_kernels"] == 1 and conv["threads"] == extents[0]["block"][0] * extents[0]["block"][1]
@@ -106,8 +106,8 @@ def test_l2_flush_slows_memory_bound_op(cuda_target):
     from opbench.profile.cuda import CudaProfiler
 
     ds, result = _collected(cuda_target, "branchy:branches=1,depth=1,channels=64,size=56")
-    kernels = result.extra["kernels"]
-    values, inputs = result.extra["values"], result.extra["inputs"]
+    kernels = result.kernels
+    values, inputs = result.values, result.inputs
     prof = CudaProfiler()
     idx = len(result.graph) - 1
     args = kernels.args_for(idx, inputs, values)
@@ -125,7 +125,7 @@ def test_short_op_is_timed_inside_the_graph(cuda_target):
     from opbench.profile.cuda import MAX_UNROLL, CudaProfiler
 
     ds, result = _collected(cuda_target, "branchy:branches=1,depth=1,channels=8,size=8")
-    kernels, values, inputs = result.extra["kernels"], result.extra["values"], result.extra["inputs"]
+    kernels, values, inputs = result.kernels, result.values, result.inputs
     prof = CudaProfiler()
     idx = len(result.graph) - 1
     args, outs = kernels.args_for(idx, inputs, values), kernels.allocate_outputs(idx)

@@ -99,11 +99,11 @@ def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
         profiler.release()  # the one loopback device must be free for the runner
         tuned = tune_workload(workload, target, ds, tmp_path / "db", "random", 2, profiler=profiler)
         rows = ds.rows("trials")
-        applied = applied_database(tmp_path / "db", tuned.extracted, target)
+        assert applied_database(tmp_path / "db", tuned.extracted, target) is not None
         from opbench.pipeline import CollectOptions
 
-        result = collect(workload, target, ds, CollectOptions(config=applied.config, database=applied.database,
-                                                             progress=False), profiler=profiler)
+        result = collect(workload, target, ds, CollectOptions(database=tmp_path / "db", progress=False),
+                         profiler=profiler)
     assert [r["build_status"] for r in rows] == ["ok", "ok"]
     assert all(len(json.loads(r["run_secs"])) >= 3 and r["device_name"].endswith("(rpc key loopback)")
                for r in rows)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from opbench.parallel import TorchBackend
 from opbench.profile.schedule import measured_stage_cost, operator_times, stage_times, time_ops
+from opbench.runtime.backend import TorchBackend
 from opbench.schedule import IOS, get_scheduler
 
 pytestmark = pytest.mark.gpu

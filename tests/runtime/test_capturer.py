@@ -8,7 +8,9 @@ import logging
 import pytest
 
 from opbench import OpBenchError
-from opbench.parallel import FAST_SCHEDULERS, CapturedModel, CapturedSchedule, capturer, optimize
+from opbench.parallel import CapturedSchedule, capturer, optimize
+from opbench.pipeline.compare import FAST_SCHEDULERS
+from opbench.runtime.graphs import CapturedModel
 from opbench.schedule import Schedule
 
 torch = pytest.importorskip("torch")
@@ -132,7 +134,7 @@ def test_inputs_come_first(model_and_input):
 
 
 def test_torch_backend_traces_with_fx_or_export(model_and_input):
-    from opbench.parallel import TorchBackend
+    from opbench.runtime.backend import TorchBackend
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import get_scheduler
 
@@ -165,7 +167,7 @@ def test_merge_known_answer_on_the_ios_block(trace):
     """IOS's sample block: three 3x3 convolutions read the input (one feeds a fourth), then a concat.
     Merged, the three become one convolution whose output is split; every schedule's output equals
     the model's."""
-    from opbench.parallel import TorchBackend
+    from opbench.runtime.backend import TorchBackend
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import SCHEDULERS, get_scheduler
 
@@ -191,8 +193,9 @@ def test_merge_chosen_groups_and_ios_choice():
     """Merging only the siblings named (two of the three), and IOS's dynamic programme choosing
     the merge by cost: with operators that take a second each, the merged convolution (timed,
     milliseconds) wins; with operators of a nanosecond, it loses. Outputs equal the model's."""
-    from opbench.parallel import TorchBackend, ios_merges, torch_backend
+    from opbench.pipeline.compile import ios_merges, torch_backend
     from opbench.profile.schedule import merge_cost, stage_table
+    from opbench.runtime.backend import TorchBackend
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import get_scheduler
 

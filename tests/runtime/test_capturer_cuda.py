@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-from opbench.parallel import CapturedModel, capturer
+from opbench.parallel import capturer
 from opbench.profile.timer import cuda_event_samples
-from opbench.runtime.graphs import capture_graph
+from opbench.runtime.graphs import CapturedModel, capture_graph
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -94,8 +94,8 @@ def test_capturer_hugging_face_bert():
 def test_capturer_with_ios_merge_on_the_gpu():
     """IOS's merge chosen by its dynamic programme on the GPU: each candidate merged convolution is
     timed in its own CUDA Graph, and the captured model still equals the model."""
-    from opbench.parallel import TorchBackend
     from opbench.profile.schedule import merge_cost
+    from opbench.runtime.backend import TorchBackend
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({k: torch.nn.Conv2d(64, 64, 3, padding=1) for k in "abc"}).cuda().eval()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from opbench.models import load_workload
-from opbench.parallel import DEFAULT_SCHEDULERS, capturer, critical_path, evaluate, tvm_backend
+from opbench.parallel import capturer
+from opbench.pipeline.compare import DEFAULT_SCHEDULERS, critical_path, evaluate
+from opbench.pipeline.compile import tvm_backend
 
 pytestmark = pytest.mark.gpu
 

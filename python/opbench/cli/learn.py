@@ -7,15 +7,18 @@ import logging
 from typing import Any
 
 from ..errors import OpBenchError
+from .args import DEFAULT_DATASET, Formatter, add_common, add_model_flags, dataset_path, load_model
+from .format import check_output_path, human, shape_text, write_json
 
 log = logging.getLogger("opbench")
 
 
-def add_parsers(sub: Any, formatter: Any, add_common: Any, add_model_flags: Any, default_dataset: str) -> None:
+def add_parsers(sub: Any) -> None:
     """Register the commands on the ``opbench`` sub-parser."""
     from ..predict import SPLITS, WHATS
     from ..predict.features import FEATURE_SETS
 
+    formatter, default_dataset = Formatter, DEFAULT_DATASET
     p = sub.add_parser("train", help="train a predictor on a dataset and print held-out metrics",
                        formatter_class=formatter,
                        description="Train an XGBoost predictor: 'latency' (an operator's latency from its features), "
@@ -78,14 +81,13 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..predict import train
-    from .main import _human, check_output_path, dataset_path, write_json
+    from ..pipeline.train import train
 
     check_output_path(args.out, "--out")
     check_output_path(args.json, "--json")
     result = train(dataset_path(args), args.what, args.split, args.out, args.folds, args.seed, args.device,
                    args.features, args.config, [m.strip() for m in args.exclude.split(",") if m.strip()])
-    out = _human(args)
+    out = human(args)
     m = result["metrics"]
     sampled = f" ({result['n_sampled']} of them sampled operators, never held out)" if result.get("n_sampled") else ""
     print(f"\n{args.what} predictor, {args.split} split ({result['folds']} folds) on {result['device_name']}: "
@@ -117,15 +119,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from ..predict import load_predictor
     from ..predict.latency import predict_workload
-    from .main import _human, _load, _shape, check_output_path, write_json
 
     check_output_path(args.json, "--json")
     predictor = load_predictor(args.predictor, "latency")
     target = _prediction_target(args.target)
     predictor.check_device(None, target.kind.name)
-    workload = _load(args)
-    rows = [{**r, "output": _shape(r["output_shapes"])} for r in predict_workload(workload, target, predictor)]
-    out = _human(args)
+    workload = load_model(args)
+    rows = [{**r, "output": shape_text(r["output_shapes"])} for r in predict_workload(workload, target, predictor)]
+    out = human(args)
     print(f"\n{workload.name} ({workload.source}, batch {workload.batch_size}, {target.kind.name}): "
           f"{len(rows)} operators predicted for {predictor.device_name or 'the training device'}", file=out)
     print(f"{'#':>4}  {'operator':<44}  {'kind':<12}  {'output':<18}  {'predicted ms':>12}", file=out)
@@ -154,7 +155,6 @@ def _prediction_target(text: str) -> Any:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report import write_report
-    from .main import dataset_path
 
     try:
         import matplotlib  # noqa: F401

@@ -406,7 +406,7 @@ class Dataset:
 
 
 def _created_by() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"opbench {__version__}"
 

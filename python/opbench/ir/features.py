@@ -35,7 +35,8 @@ _NAME_RULES: list[tuple[str, str]] = [
 ]
 
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
-                "int16": 2, "int32": 4, "int64": 8, "bool": 1}
+                "int16": 2, "int32": 4, "int64": 8, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+                "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16}
 
 
 def classify(ops: list[str], func_name: str) -> str:
@@ -93,9 +94,19 @@ def to_plain(value: Any) -> Any:
         return str(value)
 
 
-def tensor_bytes(shape: tuple[int, ...], dtype: str) -> int:
+def dtype_name(dtype: Any) -> str:
+    """A dtype's plain name (``float16``) from TVM's, NumPy's or PyTorch's spelling (``torch.float16``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of ``dtype`` (any spelling :func:`dtype_name` reads; 4 when unknown)."""
+    return _DTYPE_BYTES.get(dtype_name(dtype), 4)
+
+
+def tensor_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     """Bytes of a dense tensor."""
-    return int(np.prod(shape, dtype=np.int64)) * _DTYPE_BYTES.get(dtype, 4)
+    return int(np.prod(shape, dtype=np.int64)) * dtype_bytes(dtype)
 
 
 def estimate_flops(prim_func: Any) -> float:

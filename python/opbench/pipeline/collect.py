@@ -15,17 +15,18 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from .. import signals
 from ..dataset import Dataset, model_key, now
 from ..errors import OpBenchError
-from ..ir import OpGraph, extract_operators
+from ..ir import OpGraph
 from ..models import Workload
 from ..profile.base import LocalProfiler, Profiler
 from ..profile.env import environment_tags
 from ..profile.timer import Timing, TimingConfig
-from ..runtime import OperatorKernels, build_module, canonical_target, flatten_outputs, relative_error
+from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relative_error
 from ..utils import device_lock
 from .runs import recorded_run
 
@@ -34,22 +35,31 @@ log = logging.getLogger("opbench")
 
 @dataclasses.dataclass
 class CollectOptions:
-    """Options of :func:`collect`."""
+    """Options of :func:`collect`.
+
+    ``database`` is a tuning database folder: each task's best record replaces its default kernel
+    (the rows' ``config`` is then ``db:<digest>``), except the tasks named in ``exclude``.
+    """
 
     timing: TimingConfig = dataclasses.field(default_factory=TimingConfig)
     force: bool = False
     check: bool = True
     tolerance: float = 1e-5
     progress: bool = True
-    config: str = "default"
     seed: int = 0
     measure_vm: bool = True
-    database: Any = None  # a MetaSchedule database whose records replace default kernels (config "db:...")
+    database: str | Path | None = None
+    exclude: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
 class CollectResult:
-    """What a collection did; ``rows`` are the operator rows of this model now in the dataset."""
+    """What a collection did; ``rows`` are the operator rows of this model now in the dataset.
+
+    ``kernels``, ``built``, ``inputs`` and ``values`` (the replayed operators' outputs by index) stay
+    usable where the kernels ran on this machine (None after a remote collection); ``resources`` are
+    the kernels' resources by operator index; ``corun`` summarises the co-run groups (empty without).
+    """
 
     workload: Workload
     graph: OpGraph
@@ -65,7 +75,12 @@ class CollectResult:
     key: dict[str, Any] = dataclasses.field(default_factory=dict)
     tags: dict[str, Any] = dataclasses.field(default_factory=dict)
     model_row_written: bool = True
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resources: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    corun: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kernels: OperatorKernels | None = None
+    built: Any = None
+    inputs: list[Any] | None = None
+    values: dict[int, list[Any]] | None = None
 
 
 def progress(items: Iterable[Any], enabled: bool, desc: str, total: int, unit: str = "op") -> Iterator[Any]:
@@ -134,18 +149,20 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         Where and how to time (:mod:`opbench.profile.base`): the CUDA profiler on GPUs, an RPC
         profiler for remote devices; default: TVM's ``time_evaluator`` on this machine.
     """
+    from .compile import compile_workload
+
     options = options or CollectOptions()
     profiler = profiler or LocalProfiler()
-    key = measurement_key(workload, target, options.config, options.timing.flush_l2, profiler.device(target))
     tags = {**environment_tags(target), **profiler.tags()}
     with recorded_run(dataset, command, tags) as run, contextlib.ExitStack() as measuring:
         run_id = run.run_id
-        _phase("%s: extracting operators (lowering to fused kernels)", workload.name)
-        lowered, graph = extract_operators(workload.mod, target)
-        _phase("%s: %d operators, %d unique tasks; compiling for %s", workload.name, len(graph),
-               len(graph.tasks()), target.kind.name)
-        built = build_module(lowered, target, options.database)
-        _phase("compiled in %.1f s", built.compile_seconds)
+        _phase("%s: extracting operators and compiling for %s", workload.name, target.kind.name)
+        compiled = compile_workload(workload, target, options.database, options.exclude,
+                                    device=getattr(profiler, "remote", None))
+        graph, built = compiled.graph, compiled.built
+        key = measurement_key(workload, target, compiled.config, options.timing.flush_l2, profiler.device(target))
+        _phase("%s: %d operators, %d unique tasks; compiled in %.1f s", workload.name, len(graph),
+               len(graph.tasks()), built.compile_seconds)
         measuring.enter_context(device_lock(f"measuring {workload.name}"))  # $OPBENCH_DEVICE_LOCK
         built = profiler.place(built)
         kernels = OperatorKernels(graph, built)
@@ -226,17 +243,16 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             model_row = existing[-1]
             log.info("nothing new to measure: the %d operators are in the dataset from run %s "
                      "(--force measures again)", len(rows), model_row["run_id"])
-        compile_s = built.compile_seconds
-        extra: dict[str, Any] = {"summary": corun_summary, "resources": resources}
+        result = CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
+                               built.compile_seconds, measure_s, str(dataset.path), run_id, key, tags,
+                               write_model, resources, corun_summary)
         if built.device.dlpack_device_type() < 128:  # kernels on this machine stay usable (--ifcompare)
-            extra.update(kernels=kernels, built=built, inputs=inputs, values=values)
+            result.kernels, result.built, result.inputs, result.values = kernels, built, inputs, values
         else:  # remote: nothing keeps the session, so the device is free after this collection
             del kernels, built, inputs, values, vm, outputs
             profiler.release()
         run.status = "ok" if not failed else "partial"
-        return CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
-                             compile_s, measure_s, str(dataset.path), run_id, key, tags,
-                             write_model, extra)
+        return result
 
 
 def key_only(key: dict[str, Any]) -> dict[str, Any]:

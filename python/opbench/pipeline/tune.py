@@ -1,6 +1,8 @@
-"""The tuning job: tune every unique task of a model with MetaSchedule, one task after another
-(the heaviest first), writing every measured candidate to the dataset's ``trials`` table and every
-record to the tuning database.
+"""The tuning jobs: :func:`tune_workload` tunes every unique task of a model with MetaSchedule, one
+task after another (the heaviest first), writing every measured candidate to the dataset's ``trials``
+table and every record to the tuning database; :func:`tune_and_measure` is ``collect --iftune``: the
+default kernels measured, the model tuned, the tuned kernels measured, and a tuned kernel that is not
+faster than its default one left out.
 
 It resumes: each task gets up to ``trials`` records in the database, counting those an earlier
 (interrupted) run left there, so a re-run continues where the last one stopped.
@@ -28,6 +30,8 @@ from ..ir import extract_operators
 from ..models import Workload
 from ..profile.env import environment_tags
 from ..runtime import is_gpu
+from ..runtime.target import tuning_target
+from ..tune import get_tuner
 from .collect import measurement_key
 from .runs import recorded_run
 
@@ -61,6 +65,119 @@ class TuningRun:
     @property
     def measured(self) -> int:
         return sum(t.trials for t in self.tasks)
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """One task of :func:`tune_and_measure`: default and tuned latency (seconds, as collected) and the tuning."""
+
+    task: str
+    uses: int
+    default_s: float | None
+    tuned_s: float | None
+    trials: int
+    trials_before: int
+    valid: int
+    best_trial_s: float | None
+    kept: bool  # the tuned kernel is in the build (measured faster than the default one)
+    seconds: float
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_s / self.tuned_s if self.default_s and self.tuned_s else None
+
+
+@dataclasses.dataclass
+class TunedCollection:
+    """What :func:`tune_and_measure` did: the default and tuned collections, the tuning run, every task."""
+
+    default: Any  # CollectResult of the default kernels
+    tuned: Any  # CollectResult of the tuned kernels (the default one when no tuned kernel is kept)
+    run: TuningRun
+    tasks: list[TaskResult]
+
+    @property
+    def model_default_s(self) -> float | None:
+        return self.default.model_row["vm_latency_median_s"]
+
+    @property
+    def model_tuned_s(self) -> float | None:
+        return self.tuned.model_row["vm_latency_median_s"]
+
+    def summary(self) -> dict[str, Any]:
+        """The ``tuning`` object of ``collect --json``."""
+        d, t, run = self.model_default_s, self.model_tuned_s, self.run
+        return {
+            "tuner": run.tuner, "trials_per_task": run.trials_per_task,
+            "tasks": [{"task": x.task, "func": x.task, "uses": x.uses, "default_s": x.default_s, "tuned_s": x.tuned_s,
+                       "speedup": x.speedup, "trials": x.trials, "trials_before": x.trials_before, "valid": x.valid,
+                       "best_trial_s": x.best_trial_s, "kept": x.kept, "seconds": x.seconds} for x in self.tasks],
+            "database": str(run.database), "config": self.tuned.key["config"], "model_default_s": d,
+            "model_tuned_s": t, "model_speedup": d / t if d and t else None, "tuning_s": run.seconds,
+            "trials": run.measured, "trials_per_s": run.measured / run.seconds if run.seconds else None,
+        }
+
+
+def _task_latency(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median latency of each task (by its fused function name) from operator rows."""
+    return {r["func"]: r["latency_median_s"] for r in rows if r["latency_median_s"] is not None}
+
+
+def tune_and_measure(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path,
+                     options: Any, tuner: Any = "xgb", trials: int = 64, tasks_limit: int | None = None,
+                     time_limit: float | None = None, command: str = "", profiler: Any = None) -> TunedCollection:
+    """Measure the default kernels, tune (:func:`tune_workload`, heaviest tasks first by the default
+    latencies just measured), measure the tuned kernels; a tuned kernel measured no faster than its
+    default one is dropped and the model measured again without it.
+
+    ``options`` are the collections' :class:`~opbench.pipeline.collect.CollectOptions` (their
+    ``database`` and ``exclude`` are set here).
+    """
+    from ..tune.database import applied_database
+    from .collect import collect
+
+    def measure(database: Path | None, exclude: set[str] | None = None) -> Any:
+        return collect(workload, target, dataset, dataclasses.replace(options, database=database,
+                                                                      exclude=exclude or set()),
+                       command=command, profiler=profiler)
+
+    database_dir = Path(database_dir)
+    log.info("1/3 measuring the default kernels")
+    default = measure(None)
+    before = _task_latency(default.rows)
+    tuner = get_tuner(tuner)
+    log.info("2/3 tuning with '%s', %d trials per task", tuner.name, trials)
+    run = tune_workload(workload, target, dataset, database_dir, tuner, trials, order=before, tasks_limit=tasks_limit,
+                        command=command, profiler=profiler, time_limit=time_limit)
+    log.info("3/3 measuring the tuned kernels")
+    applied = applied_database(database_dir, run.extracted, target)
+    tuned, dropped, rejected = default, set(), {}  # rejected: a dropped task's tuned time, as measured
+    if applied is not None:
+        tuned = measure(database_dir)
+        after = _task_latency(tuned.rows)
+        dropped = {t for t in applied.tasks if t in after and t in before and after[t] >= before[t]}
+        rejected = {t: after[t] for t in dropped}
+        if dropped:
+            log.info("%d tuned kernels are not faster than the default ones; measuring without them: %s",
+                     len(dropped), ", ".join(sorted(dropped)))
+            applied = applied_database(database_dir, run.extracted, target, exclude=dropped)
+            tuned = measure(database_dir, dropped) if applied is not None else default
+    after = {**_task_latency(tuned.rows), **rejected}
+    tasks = [TaskResult(t.task, t.weight, before.get(t.task), after.get(t.task), t.trials, t.before, t.valid, t.best_s,
+                        t.task not in dropped and applied is not None and t.task in applied.tasks, t.seconds)
+             for t in run.tasks]
+    return TunedCollection(default, tuned, run, tasks)
+
+
+def load_pretrained(tuner: Any, path: str | Path, target_kind: str | None = None) -> Any:
+    """``tuner`` starting from the trials predictor in ``path`` (``opbench train --what trials``),
+    checked to be one and trained for ``target_kind`` (``--pretrained``)."""
+    from ..predict import load_predictor
+    from ..tune import pretrained_tuner
+
+    predictor = load_predictor(path, "trials")
+    predictor.check_device(None, target_kind)
+    return pretrained_tuner(tuner, predictor.cost_model, str(path))
 
 
 def _check_tuning_deps() -> None:
@@ -102,27 +219,6 @@ def _builder(target: Any) -> Any:
     return InProcessBuilder()
 
 
-def tuning_target(target: Any, device: Any = None) -> Any:
-    """The target MetaSchedule tunes for: the collection target, with the core count on CPUs
-    (its parallel rules need ``num-cores``) and the device's limits on GPUs (``device``: the
-    measuring device, remote or this machine's)."""
-    import tvm
-
-    if is_gpu(target):
-        # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
-        dev = device if device is not None else tvm.cuda(0)
-        config = {**target.export(), "max_threads_per_block": int(dev.max_threads_per_block),
-                  "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
-                  "thread_warp_size": int(dev.warp_size), "max_num_threads": int(dev.max_threads_per_block)}
-        config["keys"] = list(config.get("keys", ()))
-        return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
-    if "num-cores" in target.attrs:
-        return target
-    config = {"kind": "llvm", **{k: v for k, v in target.export().items() if k in ("mcpu", "mtriple", "mattr")}}
-    config["num-cores"] = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    return tvm.target.Target(config)
-
-
 def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path, tuner: Any = "xgb",
                   trials: int = 64, order: dict[str, float] | None = None, tasks_limit: int | None = None,
                   command: str = "", profiler: Any = None, time_limit: float | None = None) -> TuningRun:
@@ -139,7 +235,6 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_di
     time_limit:
         Seconds of tuning after which no new task is started (a re-run continues).
     """
-    from ..tune import get_tuner
     from ..tune.database import database_lock
 
     tuner = get_tuner(tuner)

@@ -25,8 +25,11 @@ log = logging.getLogger("opbench")
 
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
           seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
-          exclude: list[str] | None = None) -> dict[str, Any]:
+          exclude: list[str] | None = None, task_modules: Any = None) -> dict[str, Any]:
     """Train a ``what`` predictor on ``dataset``, report held-out metrics, save it to ``out``.
+
+    ``task_modules`` (:data:`opbench.predict.trials.TaskModules`) gives the trials predictor the tuning
+    tasks its rows name; :func:`opbench.pipeline.train.train` passes the one that re-extracts them.
 
     Returns the report: ``{"what", "split", "n_train", "n_test", "metrics", "per_kind", "held_out",
     ...}`` (``n_train`` is the mean training size of the folds, ``n_test`` every held-out item).
@@ -71,7 +74,10 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         kind = target_kind(groups[0]["members"][0]["target"])
         fitted = lambda m: corun.CorunPredictor.fit(groups, seed, m)  # noqa: E731
     else:
-        tasks, device_name = trials.trial_examples(str(dataset), device)
+        if task_modules is None:
+            raise OpBenchError("the trials predictor needs the tasks' modules: train it with "
+                               "opbench.pipeline.train.train (or 'opbench train')")
+        tasks, device_name = trials.trial_examples(str(dataset), task_modules, device)
         tasks = {k: t for k, t in tasks.items() if t["model"] not in skip}
         log.info("trials: %d tuned tasks, %d candidates on %s; %d-fold %s split", len(tasks),
                  sum(len(t["xs"]) for t in tasks.values()), device_name, folds, split)

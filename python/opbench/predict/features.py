@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from ..dataset import json_value
+from ..ir.features import dtype_bytes
 
 KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
          "elementwise"]
 FEATURE_SETS = ("graph", "graph+launch", "graph+kernel")
 LAUNCH_FEATURES = 3  # the first kernel features: thread blocks, threads per block, threads in all
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
-                "int64": 8, "bool": 1}
 _DIMS = 4  # shape dimensions kept per tensor (leading dimensions padded with 1)
 
 
@@ -111,7 +110,7 @@ def graph_features(op: dict[str, Any]) -> list[float]:
     row = [1.0 if kind == k else 0.0 for k in KINDS]
     row += [float(len(ops)), float(len(ins)), float(len(outs)), _log2(flops), _log2(nbytes), float(intensity),
             _log2(_numel(out0)), _log2(_numel(in0)), _log2(sum(_numel(s) for s in ins)),
-            float(_DTYPE_BYTES.get(dtypes[0], 4)), float(len(out0))]
+            float(dtype_bytes(dtypes[0])), float(len(out0))]
     row += _dims(in0) + _dims(in1) + _dims(out0)
     stride = _pair(attrs.get("strides"))
     if kind in ("conv2d", "conv_transpose") and len(in1) >= 4:

@@ -3,8 +3,8 @@
 Each stored trial (a MetaSchedule trace) is replayed on its task's module, and MetaSchedule's own
 feature extractor (``PerStoreFeature``) describes it; MetaSchedule's ``XGBModel`` learns the
 candidate's speed relative to its task's best (``best / latency``). The task modules come from
-re-extracting the model each trial row names (its ``workload`` column), so the dataset needs no
-copy of them.
+re-extracting the model each trial row names (its ``workload`` column; the caller does that, see
+:func:`opbench.pipeline.train.task_modules`), so the dataset needs no copy of them.
 
 The saved predictor is that ``XGBModel`` with its training data, in MetaSchedule's own file
 format: ``--pretrained`` loads it as the tuning cost model, which predicts with it from the first
@@ -18,7 +18,7 @@ import logging
 import types
 import zipfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,53 +39,13 @@ DATA_BLOB = "trials_data.npz"  # the training data's arrays (NumPy's npz, read w
 _GPU_LIMITS = types.SimpleNamespace(max_threads_per_block=1024, max_shared_memory_per_block=49152, warp_size=32)
 
 
-def _target_for(target_json: str) -> Any:
+def target_for(target_json: str) -> Any:
     """The tuning target of a stored trial row (its canonical target), without needing its device here."""
     import tvm
 
-    from ..pipeline.tune import tuning_target
+    from ..runtime.target import tuning_target
 
     return tuning_target(tvm.target.Target(json_value(target_json)), _GPU_LIMITS)
-
-
-def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:
-    """``(workload_id, task) -> (task module, tuning target)`` for every task the rows name."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from ..ir import extract_operators
-    from ..models import load_workload
-
-    wanted: dict[str, set[str]] = defaultdict(set)
-    first: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        wanted[r["workload_id"]].add(r["task"])
-        first.setdefault(r["workload_id"], r)
-    out = {}
-    for wid, tasks in wanted.items():
-        row = first[wid]
-        fp = json_value(row["workload"]) or {}
-        options = dict(fp.get("options") or {})
-        target = _target_for(row["target"])
-        log.info("re-extracting the tasks of %s (%s) for %d trial task(s)", fp.get("model"), fp.get("source"),
-                 len(tasks))
-        name = fp["model"]
-        if fp["source"] == "simple":  # its options are part of the name: matmul:n=32
-            extra = ",".join(f"{k}={v}" for k, v in options.items() if k != "seed")
-            name, options = (f"{name}:{extra}" if extra else name), {"seed": options.get("seed", 0)}
-        try:
-            workload = load_workload(fp["source"], name, fp.get("batch_size", 1), **options)
-        except Exception as err:  # a model that cannot be loaded here: its trials are skipped
-            log.warning("cannot load %s to replay its trials: %s", fp.get("model"), err)
-            continue
-        if workload.workload_id != wid:
-            log.warning("%s loads as another workload here (%s, not %s): its trials are skipped",
-                        fp.get("model"), workload.workload_id, wid)
-            continue
-        lowered, _graph = extract_operators(workload.mod, target)
-        for task in ms.relax_integration.extract_tasks(lowered, target):
-            if task.task_name in tasks:
-                out[(wid, task.task_name)] = (task.dispatched[0], target)
-    return out
 
 
 def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndarray | None]:
@@ -117,8 +77,16 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
     return out
 
 
-def trial_examples(path: str, device: str | None = None) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
-    """Per task: its trials' features and latencies (``xs``, ``latency``), model, weight and group hash."""
+#: ``task_modules(rows)`` -> ``{(workload_id, task): (task module, tuning target)}`` for every task the
+#: trial rows name (re-extracted from the models they name; :func:`opbench.pipeline.train.task_modules`)
+TaskModules = Callable[[Sequence[dict[str, Any]]], dict[tuple[str, str], tuple[Any, Any]]]
+
+
+def trial_examples(path: str, task_modules: TaskModules, device: str | None = None
+                   ) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
+    """Per task: its trials' features and latencies (``xs``, ``latency``), model, weight and group hash.
+
+    The tasks' modules come from ``task_modules`` (the dataset holds no copy of them)."""
     from tvm.s_tir.meta_schedule.utils import shash2hex
 
     rows, device_name = dataset_rows(path, "trials", device)
@@ -274,4 +242,5 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
             "per_kind": {}, "held_out": held_out}
 
 
-__all__ = ["XGB_PARAMS", "TrialsPredictor", "evaluate", "fit_xgb", "task_modules", "trial_examples", "trial_features"]
+__all__ = ["XGB_PARAMS", "TaskModules", "TrialsPredictor", "evaluate", "fit_xgb", "target_for", "trial_examples",
+           "trial_features"]

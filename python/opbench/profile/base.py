@@ -34,6 +34,25 @@ class Profiler:
     name = "local"
     corun_k = 0
     corun_limit = 0
+    KINDS = ("local", "cuda", "rpc")
+
+    @staticmethod
+    def create(kind: str, **options: Any) -> Profiler:
+        """A profiler by name, as MetaSchedule's ``Runner.create`` makes a runner: ``local``
+        (``time_evaluator`` on this machine), ``cuda`` (CUDA Graphs and events on this machine's GPU;
+        ``corun_k``, ``corun_limit``) or ``rpc`` (remote devices; ``spec``, an
+        :class:`~opbench.profile.rpc.RPCSpec`, and ``target``)."""
+        if kind == "local":
+            return LocalProfiler(**options)
+        if kind == "cuda":
+            from .cuda import CudaProfiler
+
+            return CudaProfiler(**options)
+        if kind == "rpc":
+            from .rpc import RPCProfiler
+
+            return RPCProfiler(**options)
+        raise OpBenchError(f"unknown profiler '{kind}' (accepted: {', '.join(Profiler.KINDS)})")
 
     def place(self, built: Any) -> Any:
         """The compiled model where it is measured (here: ``built`` itself)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from .. import __version__
+from .._version import __version__
 from ..runtime.target import canonical_target, is_gpu
 from ..utils import digest
 

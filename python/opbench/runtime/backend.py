@@ -7,12 +7,11 @@ launch on PyTorch's current stream on the GPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import OpBenchError
-from ..ir.graph import ArgRef, OpGraph, OpNode
+from ..ir.graph import ArgRef
 from .kernels import OperatorKernels
 
 
@@ -35,6 +34,37 @@ class KernelBackend:
     graph: Any
     is_cuda: bool = False
     resources: dict[int, dict[str, Any]] | None = None
+    #: the backends by name, for :meth:`create` (a new kind registers itself here)
+    KINDS: dict[str, type[KernelBackend]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            KernelBackend.KINDS[cls.name] = cls
+
+    @staticmethod
+    def check_kind(kind: str) -> type[KernelBackend]:
+        """The backend class named ``kind``, or a one-line error naming the kinds there are."""
+        try:
+            return KernelBackend.KINDS[kind]
+        except KeyError:
+            raise OpBenchError(f"unknown backend '{kind}' (accepted: {', '.join(KernelBackend.KINDS)})") from None
+
+    @staticmethod
+    def create(kind: str, *args: Any, **options: Any) -> KernelBackend:
+        """A backend by name, as MetaSchedule's ``Runner.create`` makes a runner: ``tvm`` takes the
+        operator kernels and the inputs (``TVMBackend(kernels, inputs, resources)``), ``torch`` a model
+        and its inputs (``TorchBackend(model, inputs, fold_bn=, trace=, merge=)``)."""
+        return KernelBackend.check_kind(kind)(*args, **options)
+
+    @property
+    def device_name(self) -> str:
+        """The device the backend runs on, as schedules record it (``cpu`` on the CPU)."""
+        if self.is_cuda:
+            import torch
+
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+        return "cpu"
 
     def set_inputs(self, inputs: Sequence[Any]) -> None:
         """Copy ``inputs`` into the static input buffers (same shapes and dtypes)."""
@@ -90,71 +120,10 @@ class TVMBackend(KernelBackend):
         return tvm_ffi.use_torch_stream(torch.cuda.stream(stream))
 
 
-def _numel(shape: Sequence[int]) -> int:
-    return int(math.prod(shape)) if shape else 1
-
-
-def _meta_tensors(node: Any) -> list[Any]:
-    """The tensors (anything with a shape and dtype) a traced node produces: torch.export's ``val``,
-    or torch.fx ShapeProp's ``tensor_meta``."""
-    found: list[Any] = []
-
-    def walk(value: Any) -> None:
-        if hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor, fake tensor or TensorMetadata
-            found.append(value)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                walk(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-
-    walk(node.meta.get("val", node.meta.get("tensor_meta")))
-    return found
-
-
-def _itemsize(dtype: Any) -> int:
-    return int(getattr(dtype, "itemsize", 4))
-
-
-def _torch_flops(target: str, node: Any, out_shape: Sequence[int]) -> float:
-    """FLOPs of an ATen call from its shapes (convolutions and matrix products; else 1/element)."""
-    vals = [(_meta_tensors(a) or [None])[0] for a in node.args if hasattr(a, "meta")]
-    if "convolution" in target or "conv2d" in target:
-        weight = vals[1] if len(vals) > 1 else None
-        if weight is not None:
-            return 2.0 * _numel(out_shape) * _numel(weight.shape[1:])
-    if any(k in target for k in ("addmm", "mm.", "matmul", "linear", "bmm")):
-        a = vals[-2] if "addmm" in target else vals[0]
-        if a is not None:
-            return 2.0 * _numel(out_shape) * int(a.shape[-1])
-    return float(_numel(out_shape))
-
-
-TRACERS = ("export", "fx", "auto")
-
-
-def _fx_flops(module: Any, out_shape: Sequence[int]) -> float:
-    """FLOPs of a traced module call from its parameters (convolutions and linear layers; else
-    1 per output element)."""
-    import torch
-
-    if isinstance(module, torch.nn.modules.conv._ConvNd):
-        return 2.0 * _numel(out_shape) * _numel(module.weight.shape[1:])
-    if isinstance(module, torch.nn.Linear):
-        return 2.0 * _numel(out_shape) * module.in_features
-    return float(_numel(out_shape))
-
-
 class TorchBackend(KernelBackend):
-    """A torch model's operators, launched one by one.
-
-    ``trace="export"`` takes the ATen operators of ``torch.export(model)``; ``trace="fx"`` takes the
-    module, function and method calls of ``torch.fx.symbolic_trace(model)`` (what the user wrote,
-    traced in a fraction of the time, for models without data-dependent Python control flow);
-    ``trace="auto"`` tries fx and falls back to export. Intermediate tensors stay alive for the
-    backend's life, so a CUDA Graph captured over several streams never reuses a buffer another
-    stream still reads.
+    """A torch model's operators, launched one by one: the calls of its :class:`~opbench.ir.torch_graph.TorchGraph`
+    (``trace``: ``export``, ``fx`` or ``auto``; ``fold_bn``: batch norm folded into convolutions;
+    ``merge``: IOS's merge, ``True`` or groups of node names), run on the values the trace holds.
     """
 
     name = "torch"
@@ -163,298 +132,64 @@ class TorchBackend(KernelBackend):
                  merge: bool | Sequence[Sequence[str]] = False) -> None:
         import torch
 
-        if trace not in TRACERS:
-            raise OpBenchError(f"unknown trace '{trace}' (accepted: {', '.join(TRACERS)})")
-        if fold_bn and trace != "export":
-            raise OpBenchError("fold_bn needs trace='export' (it rewrites ATen batch norms)")
+        from ..ir.torch_graph import TorchGraph
+
         self.torch = torch
-        self.fold_bn = fold_bn
-        self._overrides: dict[Any, tuple[Any, ...]] = {}
-        self._aliases: set[Any] = set()
-        self._modules: dict[Any, Any] = {}
-        self._merged: dict[Any, tuple[Any, ...]] = {}  # representative -> (members, input, weight, bias, conv args)
-        self._merged_into: dict[Any, tuple[Any, int]] = {}  # member -> (representative, output item)
-        device = inputs[0].device if inputs and hasattr(inputs[0], "device") else torch.device("cpu")
-        self.is_cuda = device.type == "cuda"
-        self.env: dict[Any, Any] = {}
-        self.placeholders: list[Any] = []
-        graph = None
-        if trace != "export":
-            try:
-                graph = self._trace_fx(model, inputs)
-            except Exception as err:
-                if trace == "fx":
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
-                self.env, self.placeholders, self._modules = {}, [], {}  # auto: start again with export
-        self.trace = "export" if graph is None else "fx"
-        if graph is None:
-            graph = self._trace_export(model, inputs, device)
-        self.ops = [n for n in graph.nodes if n.op in ("call_function", "call_module", "call_method")]
-        if fold_bn:
-            self._fold_batchnorm()
-        if merge:
-            self._merge_siblings(None if merge is True else merge)
-        out_node = next(n for n in graph.nodes if n.op == "output")
-        self.output_nodes = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
-        self.graph = OpGraph(self._nodes(), [(p.name, tuple(self.env[p].shape), str(self.env[p].dtype))
-                                             for p in self.placeholders], [], [])
+        self.traced = TorchGraph(model, inputs, fold_bn=fold_bn, trace=trace, merge=merge)
+        self.trace = self.traced.trace
+        self.env = self.traced.env  # the values launches read and write, by traced node
+        self.graph = self.traced.graph
+        self.is_cuda = self.traced.device.type == "cuda"
         self.resources = None
-
-    def _trace_export(self, model: Any, inputs: Sequence[Any], device: Any) -> Any:
-        torch = self.torch
-        try:
-            with torch.no_grad():
-                program = torch.export.export(model, tuple(inputs))
-        except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
-        sig = program.graph_signature
-        state = {**program.state_dict, **program.constants}
-        lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
-        for node in program.graph.nodes:
-            if node.op == "placeholder":
-                if node.name in lifted:
-                    self.env[node] = state[lifted[node.name]].detach().to(device)
-                else:
-                    self.placeholders.append(node)
-        self._bind_inputs(inputs)
-        return program.graph
-
-    def _trace_fx(self, model: Any, inputs: Sequence[Any]) -> Any:
-        torch = self.torch
-        from torch.fx.passes.shape_prop import ShapeProp
-
-        module = torch.fx.symbolic_trace(model)
-        with torch.no_grad():
-            ShapeProp(module).propagate(*inputs)
-        for node in module.graph.nodes:
-            if node.op == "placeholder":
-                self.placeholders.append(node)
-            elif node.op == "get_attr":
-                value = module
-                for part in node.target.split("."):
-                    value = getattr(value, part)
-                self.env[node] = value.detach() if hasattr(value, "detach") else value
-            elif node.op == "call_module":
-                self._modules[node] = module.get_submodule(node.target)
-        self._bind_inputs(inputs)
-        return module.graph
-
-    def _bind_inputs(self, inputs: Sequence[Any]) -> None:
-        if len(self.placeholders) != len(inputs):
-            raise OpBenchError(f"traced graph takes {len(self.placeholders)} inputs, {len(inputs)} given")
-        for node, x in zip(self.placeholders, inputs, strict=True):
-            self.env[node] = x.detach().clone()
-
-    def _conv_spec(self, node: Any) -> tuple[Any, ...] | None:
-        """(input node, weight, bias, stride, padding, dilation) of a plain 2-D convolution (one group,
-        zero padding given as numbers, weights constant), else None."""
-        import torch.fx as fx
-
-        torch = self.torch
-        pair = torch.nn.modules.utils._pair
-        if node.op == "call_module":
-            m = self._modules[node]
-            if (type(m) is not torch.nn.Conv2d or m.groups != 1 or m.padding_mode != "zeros"
-                    or isinstance(m.padding, str) or len(node.args) != 1 or node.kwargs):
-                return None
-            bias = m.bias.detach() if m.bias is not None else None
-            return node.args[0], m.weight.detach(), bias, pair(m.stride), pair(m.padding), pair(m.dilation)
-        if node.op != "call_function" or node.target != torch.ops.aten.conv2d.default or node.kwargs:
-            return None
-        given = list(self._overrides.get(node, node.args))
-        args = given + [None, 1, 0, 1, 1][len(given) - 2:]  # aten.conv2d's defaults after the weight
-        x, weight, bias, stride, padding, dilation, groups = args[:7]
-        value = (lambda a: self.env.get(a, a) if isinstance(a, fx.Node) else a)  # noqa: E731
-        weight, bias = value(weight), value(bias)
-        if groups != 1 or isinstance(padding, str) or isinstance(weight, fx.Node) or isinstance(bias, fx.Node):
-            return None
-        return x, weight, bias, pair(stride), pair(padding), pair(dilation)
-
-    def _sibling_groups(self) -> list[list[tuple[Any, tuple[Any, ...]]]]:
-        """Convolutions that could merge: (node, conv spec) of those reading the same input with the
-        same kernel size, stride, padding and dilation, groups of two or more in launch order."""
-        groups: dict[tuple[Any, ...], list[Any]] = {}
-        for node in self.ops:
-            spec = self._conv_spec(node)
-            if spec is None or node in self._merged_into:
-                continue
-            x, weight, bias, stride, padding, dilation = spec
-            key = (x, tuple(weight.shape[1:]), weight.dtype, bias is None, stride, padding, dilation)
-            groups.setdefault(key, []).append((node, spec))
-        return [g for g in groups.values() if len(g) > 1]
 
     @property
     def merged_groups(self) -> list[list[str]]:
         """The groups of convolutions this backend runs merged, by node name."""
-        return [[m.name for m in members] for members, *_ in self._merged.values()]
+        return self.traced.merged_groups
 
     def merge_groups(self) -> list[list[int]]:
-        """Operator indices of every group of sibling convolutions that IOS's merge could run as one
-        (any two or more of a group can merge)."""
-        index = {n: i for i, n in enumerate(self.ops)}
-        return [[index[n] for n, _ in g] for g in self._sibling_groups()]
-
-    def _merged_conv(self, specs: Sequence[tuple[Any, ...]]) -> tuple[Any, Any, list[int]]:
-        """The merged convolution's weight, bias and output-channel split of convolutions ``specs``."""
-        weight = self.torch.cat([sp[1] for sp in specs], dim=0)
-        bias = None if specs[0][2] is None else self.torch.cat([sp[2] for sp in specs], dim=0)
-        return weight, bias, [int(sp[1].shape[0]) for sp in specs]
+        """Operator indices of every group of sibling convolutions that IOS's merge could run as one."""
+        return self.traced.merge_groups()
 
     def merged_launcher(self, ops: Sequence[int]) -> Any:
         """A callable that runs operators ``ops`` (two or more of one :meth:`merge_groups` group) as
         one merged convolution, on the current stream, leaving the backend's tensors as they are
         (to time what merging them would take)."""
-        chosen = {self.ops[i] for i in ops}
-        for group in self._sibling_groups():
+        chosen = {self.traced.ops[i] for i in ops}
+        for group in self.traced.sibling_groups():
             members = [(n, sp) for n, sp in group if n in chosen]
             if len(members) == len(chosen) > 1:
                 break
         else:
             raise OpBenchError(f"operators {sorted(ops)} are not two or more sibling convolutions that can merge")
         specs = [sp for _, sp in members]
-        weight, bias, _ = self._merged_conv(specs)
+        weight, bias, _ = self.traced.merged_conv(specs)
         x, (stride, padding, dilation) = specs[0][0], specs[0][3:]
         conv = self.torch.nn.functional.conv2d
         return lambda: conv(self.env[x], weight, bias, stride, padding, dilation)
 
-    def _merge_siblings(self, chosen: Sequence[Sequence[str]] | None = None) -> None:
-        """IOS's merge: convolutions that read the same input with the same kernel size, stride,
-        padding and dilation become one convolution on their concatenated weights, whose output is
-        split (channel views) among them. The merged call takes the first member's place.
-
-        ``chosen``: the groups to merge, by node name (each two or more convolutions of one group
-        of siblings); None merges every group whole."""
-        groups = self._sibling_groups()
-        if chosen is not None:
-            by_name = {n.name: (g, k) for g, group in enumerate(groups) for k, (n, _) in enumerate(group)}
-            picked = []
-            for names in chosen:
-                where = [by_name.get(name) for name in names]
-                if len(names) < 2 or None in where or len({g for g, _ in where}) != 1:
-                    raise OpBenchError(f"cannot merge {list(names)}: give two or more convolutions that read the "
-                                       "same input with the same kernel size, stride, padding and dilation")
-                picked.append([groups[where[0][0]][k] for _, k in sorted(where)])
-            groups = picked
-        for members in groups:
-            nodes = [n for n, _ in members]
-            specs = [sp for _, sp in members]
-            weight, bias, splits = self._merged_conv(specs)
-            self._merged[nodes[0]] = (nodes, specs[0][0], weight, bias, specs[0][3:], splits)
-            for k, node in enumerate(nodes):
-                self._merged_into[node] = (nodes[0], k)
-        gone = {n for n in self._merged_into if n not in self._merged}
-        self.ops = [n for n in self.ops if n not in gone]
-
-    def _nodes(self) -> list[OpNode]:
-        """One ``OpNode`` per launched call, with shapes, dtypes, FLOPs and bytes from the trace."""
-        index = {n: i for i, n in enumerate(self.ops)}
-
-        def ref(a: Any) -> ArgRef | None:
-            if a in self._merged_into:
-                rep, item = self._merged_into[a]
-                return ArgRef("node", index[rep], item)
-            return ArgRef("node", index[a]) if a in index else None
-
-        nodes = []
-        for i, n in enumerate(self.ops):
-            if n in self._merged:
-                nodes.append(self._merged_node(i, n, ref))
-                continue
-            outs = _meta_tensors(n)
-            ins = list(n.all_input_nodes)
-            in_vals = [v for a in ins for v in _meta_tensors(a)[:1]]
-            shapes = [tuple(v.shape) for v in outs]
-            moved = sum(_numel(v.shape) * _itemsize(v.dtype) for v in outs + in_vals)
-            if n.op == "call_module":
-                module = self._modules[n]
-                kind = type(module).__name__.lower()
-                func = f"{type(module).__name__}:{n.target}"
-                flops = _fx_flops(module, shapes[0] if shapes else ())
-            else:
-                func = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
-                func = str(n.target) if str(n.target).startswith("aten.") else func
-                kind = func.split(".")[1] if func.startswith("aten.") else func
-                flops = _torch_flops(func, n, shapes[0] if shapes else ())
-            args = [r for r in (ref(a) for a in ins) if r is not None]
-            nodes.append(OpNode(index=i, func=func, task=func, kind=kind, ops=[func], attrs={}, args=args,
-                                input_shapes=[tuple(v.shape) for v in in_vals],
-                                input_dtypes=[str(v.dtype) for v in in_vals], output_shapes=shapes,
-                                output_dtypes=[str(v.dtype) for v in outs], flops=flops, bytes=moved,
-                                var_name=n.name))
-        return nodes
-
-    def _merged_node(self, i: int, rep: Any, ref: Any) -> OpNode:
-        members, x, weight, bias, conv, splits = self._merged[rep]
-        outs = [v for m in members for v in _meta_tensors(m)[:1]]
-        in_vals = _meta_tensors(x)[:1]
-        shapes = [tuple(v.shape) for v in outs]
-        flops = 2.0 * sum(_numel(s) for s in shapes) * _numel(weight.shape[1:])
-        moved = sum(_numel(v.shape) * _itemsize(v.dtype) for v in outs + in_vals)
-        func = f"merged_conv2d:{'+'.join(m.name for m in members)}"
-        args = [r for r in [ref(x)] if r is not None]
-        return OpNode(index=i, func=func, task=func, kind="conv2d", ops=["merge"] + [m.name for m in members],
-                      attrs={"merged": len(members), "out_channels": splits}, args=args,
-                      input_shapes=[tuple(v.shape) for v in in_vals], input_dtypes=[str(v.dtype) for v in in_vals],
-                      output_shapes=shapes, output_dtypes=[str(v.dtype) for v in outs], flops=flops, bytes=moved,
-                      var_name=rep.name)
-
-    def _fold_batchnorm(self) -> None:
-        """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta).
-
-        Applies where the convolution's only user is the batch norm and both have constant
-        parameters; the batch norm then forwards the convolution's output without a kernel.
-        """
-        torch = self.torch
-        conv_targets = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
-        aten = torch.ops.aten
-        # target -> index of eps; batch_norm returns a tensor, the no_training variant a tuple
-        bn_targets = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_training.default: 6}
-        for bn in self.ops:
-            if bn.target not in bn_targets or (bn.target == aten.batch_norm.default and bn.args[5]):
-                continue
-            conv = bn.args[0]
-            if getattr(conv, "target", None) not in conv_targets or len(conv.users) != 1:
-                continue
-            params = [bn.args[i] for i in range(1, 5)]
-            if not all(p in self.env for p in params) or conv.args[1] not in self.env:
-                continue
-            gamma, beta, mean, var = (self.env[p] for p in params)
-            eps = float(bn.args[bn_targets[bn.target]])
-            scale = gamma / torch.sqrt(var + eps)
-            weight = self.env[conv.args[1]] * scale.reshape(-1, *([1] * (self.env[conv.args[1]].dim() - 1)))
-            old_bias = conv.args[2] if len(conv.args) > 2 else None
-            bias = self.env[old_bias] if old_bias is not None and old_bias in self.env else torch.zeros_like(mean)
-            bias = (bias - mean) * scale + beta
-            args = list(conv.args)
-            while len(args) < 3:
-                args.append(None)
-            args[1], args[2] = weight, bias
-            self._overrides[conv] = tuple(args)
-            self._aliases.add(bn)
-
     def set_inputs(self, inputs: Sequence[Any]) -> None:
-        for node, x in zip(self.placeholders, inputs, strict=True):
+        for node, x in zip(self.traced.placeholders, inputs, strict=True):
             self.env[node].copy_(x)
 
     def launch(self, index: int) -> None:
         import torch.fx as fx
 
-        node = self.ops[index]
-        if node in self._merged:  # one convolution for the merged siblings, its output split among them
-            members, x, weight, bias, (stride, padding, dilation), splits = self._merged[node]
+        traced = self.traced
+        node = traced.ops[index]
+        if node in traced.merged:  # one convolution for the merged siblings, its output split among them
+            members, x, weight, bias, (stride, padding, dilation), splits = traced.merged[node]
             out = self.torch.nn.functional.conv2d(self.env[x], weight, bias, stride, padding, dilation)
             for member, part in zip(members, out.split(splits, dim=1), strict=True):
                 self.env[member] = part
             return
-        if node in self._aliases:  # folded batch norm forwards the convolution's output
+        if node in traced.aliases:  # folded batch norm forwards the convolution's output
             out = self.env[node.args[0]]
             self.env[node] = out if node.target == self.torch.ops.aten.batch_norm.default else (out, None, None)
             return
-        if node in self._overrides:
+        if node in traced.overrides:
             args = tuple(fx.node.map_arg(a, lambda x: self.env[x]) if isinstance(a, fx.Node) else a
-                         for a in self._overrides[node])
+                         for a in traced.overrides[node])
             self.env[node] = node.target(*args, **fx.node.map_arg(node.kwargs, lambda a: self.env[a]))
             return
         args = fx.node.map_arg(node.args, lambda a: self.env[a])
@@ -464,10 +199,10 @@ class TorchBackend(KernelBackend):
             return
         with self.torch.no_grad():  # module parameters require grad: record nothing for autograd
             if node.op == "call_module":
-                self.env[node] = self._modules[node](*args, **kwargs)
+                self.env[node] = traced.modules[node](*args, **kwargs)
             else:  # call_method
                 self.env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
 
     def outputs(self) -> list[Any]:
-        return [self.env[n] if hasattr(n, "op") else n for n in self.output_nodes]
+        return [self.env[n] if hasattr(n, "op") else n for n in self.traced.output_nodes]
 

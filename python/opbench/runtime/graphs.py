@@ -13,11 +13,16 @@ Every capture in OpBench goes through :func:`capture_graph`:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+log = logging.getLogger("opbench")
 EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
+#: the name of the baseline row: the user's module captured as it is
+MODEL_ROW = "model, CUDA Graph"
+MODEL_ROW_EAGER = "model, eager"
 
 
 class CapturedGraph:
@@ -102,3 +107,58 @@ def fork_join(origin: Any, streams: Sequence[Any], body: Callable[[], None]) -> 
         join = torch.cuda.Event()
         join.record(stream)
         origin.wait_event(join)
+
+
+class CapturedModel:
+    """The user's module run as it is: captured in one CUDA Graph, or eager where capture fails.
+
+    ``captured(*inputs)`` copies ``inputs`` into static inputs, replays, and returns the static
+    outputs (overwritten by the next call), like ``opbench.parallel.CapturedSchedule``. On the CPU it calls
+    the module.
+    """
+
+    def __init__(self, model: Any, inputs: Sequence[Any]) -> None:
+        import torch
+
+        self.model = model
+        self.static_inputs = [x.detach().clone() for x in inputs]
+        self.graph: Any = None
+        self.reason = ""
+        self.outputs: Any = None
+        self.is_cuda = bool(self.static_inputs) and self.static_inputs[0].device.type == "cuda"
+        if self.is_cuda:
+            def launch(stream: Any) -> Any:
+                with torch.no_grad():
+                    return model(*self.static_inputs)
+
+            try:
+                captured = capture_graph(launch, warmup=3)
+                self.graph, self.outputs = captured, captured.result
+            except Exception as err:  # data-dependent code, host syncs: run it eagerly
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                self.reason = f"cannot be captured in a CUDA Graph ({first})"
+                log.info("the model %s; its baseline runs eagerly", self.reason)
+
+    @property
+    def label(self) -> str:
+        return MODEL_ROW if self.graph is not None else MODEL_ROW_EAGER
+
+    def run_once(self) -> Any:
+        """One run on the static inputs (a replay, or an eager call)."""
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        import torch
+
+        with torch.no_grad():
+            return self.model(*self.static_inputs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.graph is None:
+            import torch
+
+            with torch.no_grad():
+                return self.model(*inputs)
+        for dst, src in zip(self.static_inputs, inputs, strict=True):
+            dst.copy_(src)
+        return self.run_once()

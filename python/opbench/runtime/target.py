@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from ..errors import OpBenchError
@@ -62,6 +63,27 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
         return tvm.target.Target(config)
     except Exception as err:
         raise OpBenchError(f"bad target {json.dumps(config)}: {str(err).splitlines()[0]}") from None
+
+
+def tuning_target(target: Any, device: Any = None) -> Any:
+    """The target MetaSchedule tunes for: the collection target, with the core count on CPUs
+    (its parallel rules need ``num-cores``) and the device's limits on GPUs (``device``: the
+    measuring device, remote or this machine's)."""
+    import tvm
+
+    if is_gpu(target):
+        # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
+        dev = device if device is not None else tvm.cuda(0)
+        config = {**target.export(), "max_threads_per_block": int(dev.max_threads_per_block),
+                  "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+                  "thread_warp_size": int(dev.warp_size), "max_num_threads": int(dev.max_threads_per_block)}
+        config["keys"] = list(config.get("keys", ()))
+        return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
+    if "num-cores" in target.attrs:
+        return target
+    config = {"kind": "llvm", **{k: v for k, v in target.export().items() if k in ("mcpu", "mtriple", "mattr")}}
+    config["num-cores"] = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    return tvm.target.Target(config)
 
 
 def is_gpu(target: Any) -> bool:

@@ -127,20 +127,18 @@ TUNERS: dict[str, Tuner] = {t.name: t for t in [
 ]}
 
 
-def pretrained_tuner(tuner: str | Tuner, path: str, target_kind: str | None = None) -> Tuner:
-    """``tuner`` (``xgb``) with its cost model loaded from a trials predictor (``opbench train --what
-    trials``): MetaSchedule's ``XGBModel`` with the earlier tuning's data, which predicts from the first
-    round and retrains on old and new measurements together. Trial rows name it ``<tuner>-pretrained``."""
-    from ..predict import load_predictor
-
+def pretrained_tuner(tuner: str | Tuner, cost_model: Callable[[], Any], source: str) -> Tuner:
+    """``tuner`` (``xgb``) starting from a cost model that already learned from earlier tuning:
+    ``cost_model()`` makes a fresh one (MetaSchedule's ``XGBModel`` with the earlier data, e.g. a
+    trials predictor's, :meth:`opbench.predict.trials.TrialsPredictor.cost_model`), which predicts from
+    the first round and retrains on old and new measurements together. Trial rows name the tuner
+    ``<tuner>-pretrained``; ``source`` says where the model came from."""
     tuner = get_tuner(tuner)
     if tuner.name != "xgb":
         raise OpBenchError(f"--pretrained works with --tuner xgb (MetaSchedule's XGBoost cost model on its "
                            f"per-store features), not '{tuner.name}'")
-    predictor = load_predictor(path, "trials")
-    predictor.check_device(None, target_kind)
-    return Tuner(f"{tuner.name}-pretrained", f"{tuner.description}, starting from {path}", tuner.strategy,
-                 predictor.cost_model)
+    return Tuner(f"{tuner.name}-pretrained", f"{tuner.description}, starting from {source}", tuner.strategy,
+                 cost_model)
 
 
 def get_tuner(tuner: str | Tuner) -> Tuner:

@@ -1,10 +1,9 @@
-"""`opbench train/predict/report` as a user runs them: outputs, JSON, figures, one-line errors."""
+"""`opbench train` and `opbench predict` as a user runs them: outputs, JSON, one-line errors."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -64,25 +63,3 @@ def test_compressed_dataset_is_read_only(tmp_path):
         assert ds.count("operators") == 6
     with pytest.raises(OpBenchError, match="is compressed and can only be read"):
         Dataset(packed)
-
-
-@pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped dataset is not in this checkout")
-def test_report_on_the_shipped_dataset(tmp_path):
-    pytest.importorskip("matplotlib")
-    out = run("report", "--dataset", str(SHIPPED), "--out", str(tmp_path / "r"), script=False, timeout=600)
-    assert out.returncode == 0, out.stderr
-    page = (tmp_path / "r" / "index.html").read_text()
-    for name in ("latency_by_kind", "roofline", "corun_speedup", "predicted_vs_measured", "tuning_curves",
-                 "timeline"):
-        png = tmp_path / "r" / f"{name}.png"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"href='{name}.png'" in page
-    assert len(re.findall("data:image/png;base64,", page)) == 6 and "Not drawn" not in page
-
-
-def test_report_says_what_is_missing(synthetic, tmp_path):
-    pytest.importorskip("matplotlib")
-    out = run("report", "--dataset", str(synthetic), "--out", str(tmp_path / "r"), script=False)
-    assert out.returncode == 0, out.stderr
-    page = (tmp_path / "r" / "index.html").read_text()
-    assert "Not drawn: no tuning trials (collect with --iftune true)" in page
-    assert (tmp_path / "r" / "roofline.png").exists() and not (tmp_path / "r" / "tuning_curves.png").exists()

@@ -1,0 +1,175 @@
+"""What the commands share about their arguments: the parser with one-line errors, help that shows
+defaults, value parsers, the flag groups several commands take, and reading a model from them."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, NoReturn
+
+from ..utils import announced, parse_bool
+from .format import one_line
+
+DEFAULT_DATASET = os.path.join("data", "opbench.sqlite")
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FAILED_OPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows every default (and no 'default: None')."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def boolean(text: str) -> bool:
+    """An argparse type: true/false, 1/0, yes/no, on/off."""
+    try:
+        return parse_bool(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _int_at_least(low: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+nonneg_int = _int_at_least(0, "a non-negative integer")
+
+
+def nonneg_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    value = nonneg_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("-q", "--quiet", action="store_true", help="warnings and the summary only: no progress, "
+                   "no table, TVM's own warnings hidden")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug log lines")
+
+
+def add_dataset_flag(p: Any, what: str = "SQLite dataset") -> None:
+    p.add_argument("--dataset", default=None, help=f"{what} (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
+
+
+def add_model_flags(p: argparse.ArgumentParser, g: Any = None) -> None:
+    g = g or p
+    g.add_argument("--modelsource", default="local",
+                   help="local, simple, remoteonnx (path or URL), transformers")
+    g.add_argument("--modelname", required=True, help="model name, ONNX path/URL (see 'opbench models')")
+    g.add_argument("--target", default="llvm", help="llvm or cuda, or a JSON target such as "
+                   '\'{"kind":"llvm","mcpu":"x86-64"}\'')
+    g.add_argument("--batchsize", default="1", help="batch size")
+    p.add_argument("--image-size", type=positive_int, default=None,
+                   help="input resolution (local; default: the model's own, 224 or 299)")
+    p.add_argument("--seqlen", type=positive_int, default=128, help="sequence length (transformers)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of random weights and inputs")
+    p.add_argument("--sha256", default=None, help="expected SHA-256 of the ONNX file (64 hex digits)")
+    p.add_argument("--cache-dir", default=None, help="download cache for remoteonnx "
+                   "(default: $OPBENCH_CACHE/onnx or ~/.cache/opbench/onnx)")
+    p.add_argument("--max-download-mb", type=nonneg_float, default=None,
+                   help="refuse ONNX downloads larger than this (default: $OPBENCH_MAX_DOWNLOAD_MB or 2048)")
+
+
+def add_database_flag(p: Any) -> None:
+    p.add_argument("--database", default=None,
+                   help="MetaSchedule tuning database folder: tuned kernels where it has records (default with "
+                        "--iftune: <dataset>.tuning beside the dataset)")
+
+
+def add_schedule_flags(p: Any) -> None:
+    g = p.add_argument_group("parallel schedules (--ifcompare, compare)")
+    g.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
+                   help="schedulers to compare (comma-separated; sequential is always first)")
+    g.add_argument("--compare-repeat", type=positive_int, default=10, help="timed samples per schedule")
+    g.add_argument("--compare-number", type=positive_int, default=20, help="runs per sample")
+    g.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")
+    g.add_argument("--ios-cost", default="model",
+                   help="stage cost of the ios scheduler: model (the scheduling cost), measured (every candidate "
+                        "stage captured and timed, memoised), or model,measured (one row each)")
+    g.add_argument("--ios-time-limit", type=positive_float, default=60.0,
+                   help="seconds the ios dynamic programme may search (then one operator per stage)")
+    g.add_argument("--cost", default="measured",
+                   help="operator costs of the ios and greedy schedulers: measured (timed operators), predicted "
+                        "(a trained predictor, nothing timed: rows ios-predicted, greedy-predicted), or "
+                        "measured,predicted (both)")
+    g.add_argument("--predictor", default=None, metavar="FILE[,FILE]",
+                   help="for --cost predicted: a latency predictor and, optionally, a co-run predictor "
+                        "('opbench train --what latency|corun')")
+    g.add_argument("--stages", action="store_true",
+                   help="also print, for sequential and each staged schedule, every stage with its operators, "
+                        "strategy and measured latency (the stages run with a barrier between them)")
+    g.add_argument("--schedule", default=None, metavar="FILE",
+                   help="a schedule saved earlier for this model (--save-schedule): no search, it is measured "
+                        "beside sequential; a schedule of another graph is refused")
+
+
+def dataset_path(args: argparse.Namespace) -> str:
+    """``--dataset``, else ``$OPBENCH_DATASET``, else ``data/opbench.sqlite``."""
+    return args.dataset or os.environ.get("OPBENCH_DATASET") or DEFAULT_DATASET
+
+
+def load_model(args: argparse.Namespace) -> Any:
+    """The workload the model flags name (:func:`add_model_flags`)."""
+    from ..models import load_workload
+
+    with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {args.batchsize})"):
+        return load_workload(args.modelsource, args.modelname, args.batchsize, image_size=args.image_size,
+                             seqlen=args.seqlen, seed=args.seed, sha256=args.sha256, cache_dir=args.cache_dir,
+                             max_download_mb=args.max_download_mb)
+
+
+def compare_options(args: argparse.Namespace) -> Any:
+    """The compare job's options from the schedule flags (:func:`add_schedule_flags`), checked before any
+    work (unknown schedulers or costs, a schedule file that does not read)."""
+    from ..pipeline.compare import CompareOptions
+    from ..schedule import Schedule
+
+    options = CompareOptions(schedulers=args.schedulers, ios_cost=args.ios_cost, cost=args.cost,
+                             predictor=args.predictor, ios_time_limit=args.ios_time_limit,
+                             repeat=args.compare_repeat, number=args.compare_number,
+                             schedule=Schedule.load(args.schedule) if args.schedule else None, stages=args.stages)
+    options.scheduler_names()
+    return options
+
+
+__all__ = ["DEFAULT_DATASET", "EXIT_FAILED_OPS", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
+           "Formatter", "Parser", "add_common", "add_database_flag", "add_dataset_flag", "add_model_flags",
+           "add_schedule_flags", "boolean", "compare_options", "dataset_path", "load_model", "nonneg_float",
+           "nonneg_int", "positive_float", "positive_int"]

@@ -1,0 +1,493 @@
+"""The compare job: a model's kernels under each inter-operator schedule, side by side, and the fastest kept.
+
+:func:`evaluate` measures schedulers' schedules side by side with the sequential one (and, for a
+torch model, with the model itself captured as it is in one CUDA Graph) and keeps the fastest; a
+parallel schedule that is not faster than sequential beyond ``tolerance`` is not kept (users of IOS
+and Opara report parallel schedules that lose on newer GPUs), and no schedule is kept that does not
+beat the model's own CUDA Graph beyond ``tolerance``. :func:`critical_path` measures the longest
+dependency chain, which bounds every schedule. :func:`compare` is the whole job as the command line
+runs it: the schedulers named (with IOS's stage costs and predicted costs), the table, the bound and,
+on request, every stage's measured latency.
+
+Two modes: ``"fast"`` times every operator in one captured run, predicts each cheap scheduler's
+schedule with the scheduling cost's simulation and measures only the best predicted ones beside
+sequential and the baseline; ``"exhaustive"`` (or an explicit list of schedulers) measures every
+listed scheduler, IOS included.
+
+A schedule carries the fingerprint of the graph it was made for and the device's name
+(``meta["graph"]``, ``meta["device"]``); given back, it skips the search, and a schedule of another
+graph is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import OpBenchError
+from ..profile.schedule import Timer, alone_times, default_timer, median, operator_times, time_ops
+from ..runtime.backend import KernelBackend
+from ..runtime.executor import ParallelExecutor
+from ..runtime.graphs import CapturedModel
+from ..runtime.kernels import relative_error
+from ..schedule import Schedule, SchedulingCost, get_scheduler
+
+log = logging.getLogger("opbench")
+DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
+#: the schedulers of the fast mode: each schedules a 300-operator graph in milliseconds
+FAST_SCHEDULERS = ("sequential", "greedy", "nimble", "opara")
+MODES = ("fast", "exhaustive")
+IOS_COSTS = ("model", "measured")  # IOS's stage cost: the scheduling cost's model, or every stage measured
+COSTS = ("measured", "predicted")  # operator costs of the ios and greedy schedulers
+PREDICTED = ("ios", "greedy")  # the schedulers that take predicted costs
+
+
+def host_arrays(outputs: Sequence[Any]) -> list[np.ndarray]:
+    """The array outputs on the host (other leaves of a nested output, such as None or numbers, are left out)."""
+    out = []
+    for t in outputs:
+        if not hasattr(t, "shape"):
+            continue
+        if hasattr(t, "detach"):
+            out.append(t.detach().float().cpu().numpy())
+        elif hasattr(t, "numpy"):
+            out.append(t.numpy())
+        else:
+            out.append(np.asarray(t))
+    return out
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The leaves of a nested output (tuples, lists, dicts, named tuples) in PyTorch's pytree order."""
+    import torch
+
+    return list(torch.utils._pytree.tree_leaves(value))
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparison rows without their ``Schedule`` objects (JSON-serialisable)."""
+    return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+
+
+def _row(name: str, latency_ms: float | None, error: float | None, sched_error: float | None, scheduling_ms: float,
+         predicted_ms: float | None, plan: Schedule | None, streams: int, events: int) -> dict[str, Any]:
+    return {"schedule": name, "streams": streams, "events": events, "latency_ms": latency_ms, "error": error,
+            "sched_error": sched_error, "scheduling_ms": scheduling_ms, "predicted_ms": predicted_ms,
+            "measured": True, "plan": plan}
+
+
+def _scheduled(backend: KernelBackend, items: Sequence[Any], cost: SchedulingCost,
+               given: Schedule | None) -> list[tuple[Schedule, float]]:
+    """(schedule, scheduling seconds) of each scheduler, sequential first; or sequential and ``given``."""
+    if given is not None:
+        return [(get_scheduler("sequential").schedule(backend.graph, cost), 0.0), (given, 0.0)]
+    out = []
+    for item in items:
+        scheduler = get_scheduler(item)
+        start = time.perf_counter()
+        out.append((scheduler.schedule(backend.graph, cost), time.perf_counter() - start))
+    if out[0][0].name != "sequential":
+        raise OpBenchError(f"the first scheduler must be 'sequential' (got '{out[0][0].name}')")
+    return out
+
+
+def _worth_measuring(scheduled: list[tuple[Schedule, float]], predicted: list[float], top: int) -> set[int]:
+    """Indices to measure in the fast mode: sequential and the ``top`` best predicted parallel schedules
+    (distinct plans only)."""
+    keep, seen = {0}, {_plan_key(scheduled[0][0])}
+    for i in sorted(range(1, len(scheduled)), key=lambda i: predicted[i]):
+        key = _plan_key(scheduled[i][0])
+        if key in seen:
+            continue
+        seen.add(key)
+        keep.add(i)
+        if len(keep) > top:
+            break
+    return keep
+
+
+def _plan_key(schedule: Schedule) -> tuple[Any, ...]:
+    return (tuple(schedule.stream_of), tuple(schedule.order), tuple(schedule.events))
+
+
+def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
+             reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
+             tolerance: float = 0.02, mode: str = "exhaustive", baseline: CapturedModel | None = None,
+             schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
+             phases: dict[str, float] | None = None) -> tuple[Schedule, list[dict[str, Any]]]:
+    """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
+
+    Parameters
+    ----------
+    schedulers:
+        Names or :class:`~opbench.schedule.Scheduler` objects, ``sequential`` first (the fallback).
+        Default: every scheduler (``"exhaustive"``) or the fast ones (``"fast"``).
+    cost:
+        The schedulers' cost; default: every operator's measured time (:func:`operator_times`, one
+        captured run), the backend's kernel resources and the device's figures.
+    reference:
+        Outputs to report ``error`` against (default: the sequential outputs). A schedule is only
+        kept if its output equals the sequential run of the same kernels (``sched_error`` within
+        1e-5): scheduling must not change results, while different kernels (TVM vs cuDNN) may.
+    mode:
+        ``"exhaustive"`` measures every schedule; ``"fast"`` measures sequential and the
+        ``measure_top`` best by predicted latency (unless ``schedulers`` were named).
+    baseline:
+        The model captured as it is: measured as its own row, and kept (``row["kept"]``) unless a
+        schedule beats it by more than ``tolerance``.
+    schedule:
+        A schedule made earlier for this graph: no search, it is measured beside sequential.
+    timer:
+        ``timer(label, run)`` returns seconds per call of ``run`` (default: CUDA events on the GPU).
+    phases:
+        Filled with the seconds spent timing operators, scheduling and measuring, when given.
+
+    Returns
+    -------
+    The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
+    variant; ``kept`` marks the overall winner, which is the baseline row when nothing beats it.
+    """
+    if mode not in MODES:
+        raise OpBenchError(f"unknown mode '{mode}' (accepted: {', '.join(MODES)})")
+    named = schedulers is not None
+    items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
+    timer = timer or default_timer(backend.is_cuda, repeat, number)
+    phases = phases if phases is not None else {}
+    clock = time.perf_counter()
+    if cost is None:
+        cost = scheduling_cost(backend, operator_times(backend, repeat))
+    phases["operator_times_s"] = time.perf_counter() - clock
+    fingerprint, device = backend.graph.fingerprint(), backend.device_name
+    if schedule is not None:
+        check_schedule(schedule, fingerprint, device)
+    clock = time.perf_counter()
+    scheduled = _scheduled(backend, items, cost, schedule)
+    predicted = [cost.predict(plan) for plan, _ in scheduled]
+    phases["scheduling_s"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    measure = (set(range(len(scheduled))) if mode == "exhaustive" or named or schedule is not None
+               else _worth_measuring(scheduled, predicted, measure_top))
+    rows: list[dict[str, Any]] = []
+    if baseline is not None:
+        outputs = host_arrays(_leaves(baseline.run_once()))
+        reference = reference if reference is not None else outputs
+        rows.append(_row(baseline.label, median(timer(baseline.label, baseline.run_once)) * 1e3,
+                         relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
+    sequential_out: list[np.ndarray] | None = None
+    for i, (plan, seconds) in enumerate(scheduled):
+        plan.meta.update({"graph": fingerprint, "device": device})
+        row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
+                   plan.num_streams, plan.num_events)
+        if i in measure:
+            executor = ParallelExecutor(backend, plan)
+            outputs = host_arrays(executor.run())
+            sequential_out = sequential_out or outputs
+            reference = reference if reference is not None else outputs
+            run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
+            row.update(latency_ms=median(timer(plan.name, run)) * 1e3, error=relative_error(outputs, reference),
+                       sched_error=relative_error(outputs, sequential_out))
+            del executor
+        else:
+            row["measured"] = False
+        rows.append(row)
+    phases["measuring_s"] = time.perf_counter() - clock
+    _decide(rows, tolerance)
+    kept = next((r for r in rows if r["kept"] and r["plan"] is not None), None)
+    if kept is None:  # the baseline won: the best schedule still goes back (for --save-schedule)
+        kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
+                   key=lambda r: r["latency_ms"])
+    return kept["plan"], rows
+
+
+def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
+    """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the baseline)."""
+    base = rows[0] if rows[0]["plan"] is None else None
+    schedules = [r for r in rows if r["plan"] is not None]
+    sequential = schedules[0]
+    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5]
+    best = min(valid, key=lambda r: r["latency_ms"]) if valid else sequential
+    if best is not sequential and best["latency_ms"] > sequential["latency_ms"] * (1 - tolerance):
+        log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
+        best = sequential
+    if base is not None and not best["latency_ms"] < base["latency_ms"] * (1 - tolerance):
+        log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, model %.4f ms): keeping the "
+                 "model as it is", base["schedule"], tolerance * 100, best["schedule"], best["latency_ms"],
+                 base["latency_ms"])
+        best = base
+    for row in rows:
+        row["kept"] = row is best
+        lat = row["latency_ms"]
+        row["speedup"] = sequential["latency_ms"] / lat if row["measured"] and lat else None
+        if base is not None:
+            row["vs_model"] = base["latency_ms"] / lat if row["measured"] and lat else None
+
+
+def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -> SchedulingCost:
+    """The schedulers' cost for ``backend``: ``latencies``, its kernel resources, its device's figures
+    (on the CPU: every operator fills one core, every extra thread costs 0.1 ms)."""
+    if not backend.is_cuda:  # threads on cores: an untuned kernel fills one core; a thread costs ~0.1 ms
+        import os
+
+        cores = max(1, os.cpu_count() or 1)
+        return SchedulingCost(backend.graph, latencies, backend.resources, demand=1.0 / cores, fork_s=1e-4)
+    from ..profile.cuda import device_figures
+
+    return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device_figures())
+
+
+def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
+    """Refuse a schedule made for another graph; warn when it was made on another device."""
+    made_for = schedule.meta.get("graph")
+    if made_for is None:
+        raise OpBenchError(f"schedule '{schedule.name}' carries no graph fingerprint (save it with this version "
+                           "of opbench to reuse it)")
+    if made_for != fingerprint:
+        raise OpBenchError(f"schedule '{schedule.name}' was made for another graph (fingerprint {made_for[:12]}, "
+                           f"this model's is {fingerprint[:12]})")
+    if schedule.meta.get("device") not in (None, device):
+        log.warning("schedule '%s' was made on %s, running on %s: it may not be the fastest here",
+                    schedule.name, schedule.meta["device"], device)
+
+
+def operator_latencies(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
+    """Seconds per operator, each run alone (median; its own CUDA Graph on the GPU)."""
+    return alone_times(backend, repeat, number)
+
+
+def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,
+                  latencies: Sequence[float] | None = None) -> dict[str, Any]:
+    """The longest dependency chain of ``backend``'s kernels and its measured time.
+
+    Every operator is timed alone (or ``latencies`` are taken as those times); the longest path by
+    those times is then timed as a chain (its operators alone, one after another, in one CUDA Graph
+    on the GPU). Any schedule runs that chain in order, so ``chain_ms`` bounds every schedule's
+    latency from below (concurrent kernels only slow each other down) and ``sequential / chain_ms``
+    bounds the speedup. The chain can run slower than the sum of its alone-times (``path_ms``): a
+    kernel repeated alone finds its weights in L2.
+
+    Returns ``ops`` (the path), ``chain_ms``, ``path_ms``, ``sum_ms`` (all alone-times) and
+    ``alone_ms`` (each operator's alone-time, by index).
+    """
+    graph = backend.graph
+    alone = list(latencies) if latencies is not None else operator_latencies(backend, repeat, number)
+    finish = [0.0] * len(graph)
+    came_from: list[int | None] = [None] * len(graph)
+    for op in range(len(graph)):  # operator indices are a topological order
+        preds = graph.preds(op)
+        if preds:
+            came_from[op] = max(preds, key=lambda p: finish[p])
+            finish[op] = finish[came_from[op]]
+        finish[op] += alone[op]
+    last: int | None = max(range(len(graph)), key=lambda op: finish[op])
+    path: list[int] = []
+    while last is not None:
+        path.append(last)
+        last = came_from[last]
+    path.reverse()
+    return {"ops": path, "chain_ms": median(time_ops(backend, path, repeat, number)) * 1e3,
+            "path_ms": sum(alone[op] for op in path) * 1e3, "sum_ms": sum(alone) * 1e3,
+            "alone_ms": [t * 1e3 for t in alone]}
+
+
+def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] | None = DEFAULT_SCHEDULERS,
+                        reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
+                        tolerance: float = 0.02, latencies: Sequence[float] | None = None,
+                        **options: Any) -> tuple[Schedule, list[dict[str, Any]], dict[str, Any]]:
+    """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' alone-times
+    (``latencies``, seconds by operator index, when they were measured already).
+
+    Returns the kept schedule, the table, and the critical path that bounds every row.
+    """
+    if latencies is None:
+        latencies = operator_latencies(backend, repeat, number)
+    cost = scheduling_cost(backend, latencies)
+    kept, rows = evaluate(backend, schedulers, cost, reference, repeat, number, tolerance, **options)
+    return kept, rows, critical_path(backend, repeat, number, latencies)
+
+
+def choices(text: str, accepted: Sequence[str], flag: str) -> list[str]:
+    """A comma-separated option's values, each one of ``accepted``, once each in the order given."""
+    values = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    bad = [c for c in values if c not in accepted] or ([] if values else [text])
+    if bad:
+        raise OpBenchError(f"unknown {flag} '{bad[0]}' (accepted: {', '.join(accepted)}, comma-separated)")
+    return values
+
+
+@dataclasses.dataclass
+class CompareOptions:
+    """What :func:`compare` runs: the schedulers (comma-separated names, sequential first), IOS's
+    stage costs (``model``, ``measured``), the operator costs of ios and greedy (``measured``,
+    ``predicted``, with ``predictor``: a latency predictor file and optionally a co-run one), the
+    timing (``repeat`` samples of ``number`` runs), a saved ``schedule`` to measure instead of a search,
+    and ``stages``: every stage's measured latency too."""
+
+    schedulers: str = ",".join(DEFAULT_SCHEDULERS)
+    ios_cost: str = "model"
+    cost: str = "measured"
+    predictor: str | None = None
+    ios_time_limit: float = 60.0
+    repeat: int = 10
+    number: int = 20
+    schedule: Schedule | None = None
+    stages: bool = False
+
+    def scheduler_names(self) -> list[str]:
+        """The schedulers checked (unknown names and inconsistent costs fail before any work), sequential first."""
+        names = [get_scheduler(n.strip()).name for n in self.schedulers.split(",") if n.strip()]
+        choices(self.ios_cost, IOS_COSTS, "--ios-cost")
+        costs = choices(self.cost, COSTS, "--cost")
+        if "predicted" in costs and not self.predictor:
+            raise OpBenchError("--cost predicted needs --predictor FILE (a latency predictor from 'opbench train')")
+        if "predicted" in costs and not any(n in PREDICTED for n in names):
+            raise OpBenchError(f"--cost predicted applies to the {' and '.join(PREDICTED)} schedulers; --schedulers "
+                               f"names neither")
+        return ["sequential"] + [n for n in names if n != "sequential"]
+
+
+@dataclasses.dataclass
+class CompareResult:
+    """What :func:`compare` measured: the kept schedule, every row (the model's own graph first, for
+    a torch model), the critical path that bounds them, and the stages when asked for."""
+
+    backend: KernelBackend
+    kept: Schedule
+    rows: list[dict[str, Any]]
+    bound: dict[str, Any]
+    stages: dict[str, Any] | None = None
+
+    @property
+    def baseline_kept(self) -> bool:
+        """True when the model's own CUDA Graph is kept (no schedule beats it)."""
+        return bool(self.rows and self.rows[0]["kept"] and self.rows[0]["plan"] is None)
+
+    def table(self) -> dict[str, Any]:
+        """The comparison as JSON: schedules, critical path, each operator's time alone (and stages)."""
+        times = [{"index": n.index, "name": n.func, "kind": n.kind,
+                  "output_shape": list(n.output_shapes[0]) if n.output_shapes else [],
+                  "alone_ms": self.bound["alone_ms"][n.index]} for n in self.backend.graph]
+        table = {"schedules": table_rows(self.rows),
+                 "critical_path": {k: v for k, v in self.bound.items() if k != "alone_ms"}, "operator_times": times}
+        if self.stages is not None:
+            table["stages"] = self.stages
+        return table
+
+
+def load_predictors(files: str, backend: KernelBackend) -> tuple[Any, Any]:
+    """The latency (and co-run) predictor of ``files`` (comma-separated), checked against the device in use."""
+    from ..predict import load_predictor
+    from ..profile.env import cpu_model
+
+    if backend.name != "tvm":
+        raise OpBenchError("--cost predicted costs TVM kernels (the predictors learn from TVM kernel rows); "
+                           "use it with --backend tvm")
+    names = [f.strip() for f in files.split(",") if f.strip()]
+    if not 1 <= len(names) <= 2:
+        raise OpBenchError(f"--predictor takes a latency predictor and optionally a co-run predictor, "
+                           f"got {len(names)} files")
+    latency = load_predictor(names[0], "latency")
+    corun = load_predictor(names[1], "corun") if len(names) > 1 else None
+    kind = "cuda" if backend.is_cuda else "llvm"
+    for p in (latency, corun):
+        if p is not None:
+            p.check_device(backend.device_name if backend.is_cuda else cpu_model(), kind)
+    return latency, corun
+
+
+def schedulers_for(backend: KernelBackend, options: CompareOptions) -> list[Any]:
+    """The schedulers ``options`` name, with ``ios`` once per IOS stage cost (``ios-measured`` times
+    its stages) and the ``-predicted`` variants of ios and greedy where costs are predicted."""
+    from ..profile.schedule import measured_stage_cost
+    from ..schedule import IOS
+
+    names = options.scheduler_names()
+    costs = choices(options.cost, COSTS, "--cost")
+    out: list[Any] = []
+    for name in names:
+        if "measured" in costs or name not in PREDICTED:
+            if name != "ios":
+                out.append(name)
+            else:
+                for cost in choices(options.ios_cost, IOS_COSTS, "--ios-cost"):
+                    measured = measured_stage_cost(backend) if cost == "measured" else None
+                    out.append(IOS(time_limit_s=options.ios_time_limit, stage_cost=measured,
+                                   name="ios" if cost == "model" else "ios-measured"))
+    if "predicted" in costs:
+        from ..predict.scheduling import predicted_schedulers
+        from ..profile.cuda import device_figures
+
+        latency, corun = load_predictors(options.predictor or "", backend)
+        chosen = [IOS(time_limit_s=options.ios_time_limit) if n == "ios" else n for n in names if n in PREDICTED]
+        out += predicted_schedulers(chosen, latency, corun, backend.resources,
+                                    device_figures() if backend.is_cuda else None)
+    return out
+
+
+def stage_tables(backend: KernelBackend, rows: Sequence[dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """IOS's view: every stage of sequential and of each staged schedule, with its measured latency."""
+    from ..profile.schedule import stage_table
+
+    found: dict[str, Any] = {}
+    for row in rows:
+        plan = row.get("plan")
+        if plan is None or (plan.name != "sequential" and not plan.stages):
+            continue
+        stages = stage_table(backend, plan, repeat)
+        found[plan.name] = {"total_ms": sum(s["latency_ms"] for s in stages), "stages": stages}
+    return found
+
+
+def compare(backend: KernelBackend, options: CompareOptions | None = None, baseline: CapturedModel | None = None,
+            latencies: Sequence[float] | None = None) -> CompareResult:
+    """Schedules of ``backend``'s kernels side by side (and the model's own CUDA Graph, ``baseline``,
+    for a torch model), then the critical path that bounds them all. ``latencies`` (seconds by
+    operator) are the operators' alone-times when they were just measured."""
+    options = options or CompareOptions()
+    what = f"schedule {options.schedule.name}" if options.schedule else f"schedules {options.schedulers}"
+    log.info("comparing %s on %d operators", what, len(backend.graph))
+    kept, rows, bound = evaluate_with_bound(backend, schedulers_for(backend, options), repeat=options.repeat,
+                                            number=options.number, latencies=latencies, baseline=baseline,
+                                            schedule=options.schedule)
+    stages = stage_tables(backend, rows, options.repeat) if options.stages else None
+    return CompareResult(backend, kept, rows, bound, stages)
+
+
+def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any = None, merge: bool | str = "none",
+                  seed: int = 0, repeat: int = 10, number: int = 20) -> tuple[KernelBackend, CapturedModel | None]:
+    """``workload``'s kernels as backend ``kind`` for the compare job, and the model's own CUDA Graph
+    (the baseline row) where the backend runs the model's PyTorch kernels.
+
+    ``tvm``: TVM's kernels (tuned ones from the tuning database folder ``database``); ``torch``:
+    PyTorch's ATen kernels of the model (sources with a PyTorch model: local, transformers).
+    ``merge`` applies IOS's merge (:data:`opbench.pipeline.compile.MERGE_MODES`).
+    """
+    from ..runtime.target import is_gpu
+    from .compile import merge_mode, torch_backend, tvm_backend
+
+    KernelBackend.check_kind(kind)
+    merge = merge_mode(merge)
+    if kind == "tvm":
+        log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
+        return tvm_backend(workload, target, workload.example_inputs(seed), database=database, merge=merge,
+                           repeat=repeat, number=number), None
+    if workload.torch_module is None:
+        raise OpBenchError(f"--backend {kind} needs a torch model; source '{workload.source}' has none "
+                           "(accepted sources: local, transformers)")
+    import torch
+
+    device = "cuda" if is_gpu(target) else "cpu"
+    module = workload.torch_module.to(device)
+    inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(seed)]
+    backend = torch_backend(module, inputs, merge, trace="export", repeat=repeat, number=number)
+    return backend, CapturedModel(module, inputs)
+
+
+__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "CompareOptions",
+           "CompareResult", "check_schedule", "choices", "compare", "critical_path", "evaluate", "evaluate_with_bound",
+           "host_arrays", "load_predictors", "model_backend", "operator_latencies", "scheduling_cost",
+           "schedulers_for", "stage_tables", "table_rows"]

@@ -1,0 +1,241 @@
+"""From a model to kernels that run: the one extract -> apply tuning database -> build path, and
+the kernel backends built on it.
+
+:func:`compile_workload` lowers a workload with the ``ExtractOperators`` pass once, picks the best
+record of each of its tasks from a tuning database folder (when one is given), and compiles the
+Relax VM and every per-operator kernel in one build. The collection job, the compare job, the
+``capturer`` facade and the scripts all go through it.
+
+:func:`tvm_backend` and :func:`torch_backend` make the kernel backends the schedulers and the
+executor run (:mod:`opbench.runtime.backend`), with IOS's merge applied as asked: ``all`` sibling
+convolutions, or the groups IOS's dynamic programme finds faster merged (:func:`ios_merges`,
+:func:`tvm_ios_merges`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpBenchError
+from ..ir import OpGraph, extract_operators
+from ..ir.merge import conv_bindings, merge_sibling_convs, sibling_groups
+from ..models import Workload
+from ..profile.schedule import median, merge_cost, time_ops
+from ..runtime import BuiltModule, OperatorKernels, build_module
+from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
+from ..runtime.target import tuning_target
+
+log = logging.getLogger("opbench")
+#: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
+MERGE_MODES = ("none", "all", "ios")
+
+
+@dataclasses.dataclass
+class CompiledWorkload:
+    """A workload lowered and compiled once: its operator graph, the build, the tuning records applied."""
+
+    workload: Workload
+    target: Any
+    lowered: Any  # the module ExtractOperators produced (unscheduled)
+    graph: OpGraph
+    built: BuiltModule
+    applied: Any = None  # opbench.tune.database.Applied: the tuning records in the build, if any
+
+    @property
+    def config(self) -> str:
+        """The rows' kernel configuration: ``default`` or ``db:<digest>`` of the applied records."""
+        return self.applied.config if self.applied is not None else "default"
+
+    @functools.cached_property
+    def kernels(self) -> OperatorKernels:
+        """Every operator's compiled kernel (on this machine's device)."""
+        return OperatorKernels(self.graph, self.built)
+
+    def backend(self, inputs: Sequence[Any] | None = None, resources: bool = True) -> TVMBackend:
+        """The kernels as a backend over static buffers holding ``inputs`` (default: the workload's
+        example inputs); on a GPU with each kernel's resources (grid, threads, registers, shared memory)."""
+        inputs = inputs if inputs is not None else self.workload.example_inputs()
+        res = None
+        if resources and self.kernels.device.dlpack_device_type() == 2:
+            from ..profile.cuda import CudaProfiler
+
+            res = CudaProfiler().resources(self.kernels)
+        return TVMBackend(self.kernels, inputs, res)
+
+
+def compile_workload(workload: Workload, target: Any, database: str | Path | None = None,
+                     exclude: set[str] | None = None, device: Any = None, mod: Any = None) -> CompiledWorkload:
+    """Extract ``workload``'s operators, apply the best record of each task from the tuning database
+    folder ``database`` (except the tasks in ``exclude``), and build.
+
+    ``device`` is the measuring device when it is not this machine (its limits shape the tuning
+    tasks, which must match the records'); ``mod`` replaces the workload's module (a rewritten one,
+    e.g. merged convolutions). A database without a record for any task leaves the default
+    schedules, with a warning.
+    """
+    lowered, graph = extract_operators(workload.mod if mod is None else mod, target)
+    applied = None
+    if database is not None:
+        from tvm.s_tir import meta_schedule as ms
+
+        from ..tune.database import applied_database
+
+        tasks = list(ms.relax_integration.extract_tasks(lowered, tuning_target(target, device)))
+        applied = applied_database(database, tasks, target, exclude)
+        if applied is None:
+            log.warning("tuning database %s has no record for this model's tasks; default kernels", database)
+    built = build_module(lowered, target, applied.database if applied else None)
+    return CompiledWorkload(workload, target, lowered, graph, built, applied)
+
+
+def merge_mode(merge: bool | str | None) -> str:
+    """``merge`` as one of :data:`MERGE_MODES` (True is ``all``, False or None ``none``)."""
+    if merge is True:
+        return "all"
+    if merge is False or merge is None:
+        return "none"
+    if merge in MERGE_MODES:
+        return str(merge)
+    raise OpBenchError(f"unknown merge '{merge}' (accepted: {', '.join(MERGE_MODES)}, True, False)")
+
+
+def tvm_backend(workload: Workload, target: Any, inputs: Sequence[Any] | None = None, resources: bool = True,
+                database: str | Path | None = None, merge: bool | str = False, repeat: int = 10,
+                number: int = 20) -> TVMBackend:
+    """A workload's TVM kernels as a backend (tuned ones where the database folder ``database`` has
+    records). ``merge`` (:data:`MERGE_MODES`) applies IOS's merge to the Relax module first
+    (:mod:`opbench.ir.merge`): ``True`` or ``"all"`` every group of sibling convolutions, ``"ios"`` the
+    groups :func:`tvm_ios_merges` picks (two more builds: every group merged, to time the merged
+    kernels, then the chosen ones)."""
+    from ..ir.extract import entry_function
+
+    mode = merge_mode(merge)
+    inputs = inputs if inputs is not None else workload.example_inputs()
+
+    def build(mod: Any = None) -> TVMBackend:
+        return compile_workload(workload, target, database, mod=mod).backend(inputs, resources)
+
+    if mode == "none":
+        return build()
+    mod = workload.mod
+    entry = entry_function(mod)
+    groups = len(sibling_groups(mod[entry]))
+    merged_mod, _ = merge_sibling_convs(mod, entry)
+    if mode == "all" or not groups:
+        log.info("merge: %d group(s) of sibling convolutions merged", groups)
+        return build(merged_mod)
+    plain, merged = build(), build(merged_mod)
+    chosen = tvm_ios_merges(mod, entry, plain, merged, repeat=repeat, number=number)
+    log.info("merge: IOS merges %d of %d group(s) of sibling convolutions: %s", len(chosen), groups,
+             ", ".join(str(i) for i in chosen) or "none")
+    if not chosen:
+        return plain
+    if len(chosen) == groups:
+        return merged
+    return build(merge_sibling_convs(mod, entry, chosen)[0])
+
+
+def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = "auto",
+                  repeat: int = 10, number: int = 20, **options: Any) -> TorchBackend:
+    """A :class:`TorchBackend` with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`):
+    ``all`` merges every group of sibling convolutions, ``ios`` the groups :func:`ios_merges`
+    picks (logged; ``backend.merged_groups`` lists what was merged)."""
+    mode = merge_mode(merge)
+    backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all", **options)
+    if mode == "ios":
+        chosen = ios_merges(backend, repeat=repeat, number=number)
+        log.info("merge: IOS merges %d of %d group(s) of sibling convolutions: %s", len(chosen),
+                 len(backend.merge_groups()), "; ".join("+".join(g) for g in chosen) or "none")
+        if chosen:
+            backend = TorchBackend(model, inputs, trace=backend.trace, merge=chosen, **options)
+    return backend
+
+
+def ios_merges(backend: TorchBackend, latencies: Sequence[float] | None = None, repeat: int = 10,
+               number: int = 20, time_limit_s: float = 60.0) -> list[list[str]]:
+    """The groups of sibling convolutions that IOS's dynamic programme runs merged, by node name.
+
+    The DP (:class:`opbench.schedule.ios.IOS` with a merge cost) weighs, for every candidate
+    stage of two or more sibling convolutions, running them concurrently (the scheduling cost, on
+    ``latencies`` or the operators timed alone) against running them as one merged convolution
+    (timed alone, :func:`opbench.profile.schedule.merge_cost`), and merges where that is faster.
+    """
+    if not backend.merge_groups():
+        return []
+    merged = _ios_merged_stages(backend, merge_cost(backend, max(3, repeat // 2), number), latencies, repeat,
+                                number, time_limit_s)
+    return [[backend.graph[i].var_name for i in ops] for ops in merged]
+
+
+def _ios_merged_stages(backend: KernelBackend, merge: Any, latencies: Sequence[float] | None, repeat: int,
+                       number: int, time_limit_s: float) -> list[list[int]]:
+    """The stages IOS's dynamic programme runs merged on ``backend``'s operators, with merge cost
+    ``merge`` and the scheduling cost on ``latencies`` (timed alone when not given)."""
+    from ..schedule.ios import IOS
+    from .compare import operator_latencies, scheduling_cost
+
+    if latencies is None:
+        latencies = operator_latencies(backend, repeat, number)
+    plan = IOS(time_limit_s=time_limit_s, merge=merge).schedule(backend.graph, scheduling_cost(backend, latencies))
+    return plan.meta["merged"]
+
+
+def _conv_operators(bindings: Sequence[Any], graph: Any, check: bool = True) -> list[int]:
+    """For each ``conv2d`` binding of ``bindings`` (in program order), the index of the extracted
+    operator of ``graph`` that computes it (``check``: its weight's shape agrees)."""
+    ops = [n.index for n in graph if "nn.conv2d" in n.ops]
+    agree = len(ops) == len(bindings) and (not check or all(
+        tuple(b.value.args[1].value.shape) in [tuple(x) for x in graph[op].input_shapes]
+        for b, op in zip(bindings, ops, strict=True)))
+    if not agree:
+        raise OpBenchError("--merge ios: the model's convolutions do not map one to one onto its lowered "
+                           "convolution kernels (use --merge all)")
+    return ops
+
+
+def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBackend,
+                   latencies: Sequence[float] | None = None, repeat: int = 10, number: int = 20,
+                   time_limit_s: float = 60.0) -> list[int]:
+    """The sibling groups (positions in :func:`opbench.ir.merge.sibling_groups`) that IOS's dynamic
+    programme merges, for TVM kernels.
+
+    ``plain`` and ``merged`` are ``mod``'s kernels without and with every group merged. Each
+    group's merged kernel is timed alone in ``merged``; the DP runs on ``plain``'s operators
+    (``latencies``, or timed alone) and may run a stage of exactly one whole group as that kernel.
+    """
+    func = mod[func_name]
+    groups = sibling_groups(func)
+    if not groups:
+        return []
+    convs = conv_bindings(func)
+    later = [b for g in groups for b in g[1:]]
+    kept = [b for b in convs if not any(b.var.same_as(s.var) for s in later)]  # the merged module's convolutions
+
+    def position(b: Any, among: list[Any]) -> int:
+        return next(k for k, c in enumerate(among) if c.var.same_as(b.var))
+
+    plain_ops = _conv_operators(convs, plain.graph)
+    merged_ops = _conv_operators(kept, merged.graph, check=False)  # a group's kernel holds all its weights
+    members = {tuple(sorted(plain_ops[position(b, convs)] for b in g)): i for i, g in enumerate(groups)}
+    kernel = {i: merged_ops[position(g[0], kept)] for i, g in enumerate(groups)}
+    timed: dict[int, float] = {}
+
+    def cost(ops: Sequence[int]) -> float | None:
+        i = members.get(tuple(sorted(ops)))
+        if i is None:
+            return None
+        if i not in timed:
+            timed[i] = median(time_ops(merged, [kernel[i]], max(3, repeat // 2), number))
+        return timed[i]
+
+    chosen = _ios_merged_stages(plain, cost, latencies, repeat, number, time_limit_s)
+    return sorted(members[tuple(sorted(ops))] for ops in chosen)
+
+
+__all__ = ["MERGE_MODES", "CompiledWorkload", "compile_workload", "ios_merges", "merge_mode", "torch_backend",
+           "tvm_backend", "tvm_ios_merges"]

@@ -1,0 +1,68 @@
+"""The training job: a predictor trained on a dataset (:func:`opbench.predict.train`), with what the
+predictors cannot load themselves: the tuning tasks of the models that trial rows name, re-extracted
+here (the dataset keeps each trial's trace, not the task's module).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..dataset import json_value
+from ..ir import extract_operators
+from ..models import load_workload
+from ..predict.trials import target_for
+
+log = logging.getLogger("opbench")
+
+
+def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
+          seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
+          exclude: list[str] | None = None) -> dict[str, Any]:
+    """:func:`opbench.predict.train` with the trials predictor's tasks loaded by :func:`task_modules`."""
+    from ..predict import train as fit
+
+    return fit(dataset, what, split, out, folds, seed, device, features, config, exclude, task_modules=task_modules)
+
+
+def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:
+    """``(workload_id, task) -> (task module, tuning target)`` for every task the rows name."""
+    from tvm.s_tir import meta_schedule as ms
+
+    wanted: dict[str, set[str]] = defaultdict(set)
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        wanted[r["workload_id"]].add(r["task"])
+        first.setdefault(r["workload_id"], r)
+    out = {}
+    for wid, tasks in wanted.items():
+        row = first[wid]
+        fp = json_value(row["workload"]) or {}
+        options = dict(fp.get("options") or {})
+        target = target_for(row["target"])
+        log.info("re-extracting the tasks of %s (%s) for %d trial task(s)", fp.get("model"), fp.get("source"),
+                 len(tasks))
+        name = fp["model"]
+        if fp["source"] == "simple":  # its options are part of the name: matmul:n=32
+            extra = ",".join(f"{k}={v}" for k, v in options.items() if k != "seed")
+            name, options = (f"{name}:{extra}" if extra else name), {"seed": options.get("seed", 0)}
+        try:
+            workload = load_workload(fp["source"], name, fp.get("batch_size", 1), **options)
+        except Exception as err:  # a model that cannot be loaded here: its trials are skipped
+            log.warning("cannot load %s to replay its trials: %s", fp.get("model"), err)
+            continue
+        if workload.workload_id != wid:
+            log.warning("%s loads as another workload here (%s, not %s): its trials are skipped",
+                        fp.get("model"), workload.workload_id, wid)
+            continue
+        lowered, _graph = extract_operators(workload.mod, target)
+        for task in ms.relax_integration.extract_tasks(lowered, target):
+            if task.task_name in tasks:
+                out[(wid, task.task_name)] = (task.dispatched[0], target)
+    return out
+
+
+__all__ = ["task_modules", "train"]

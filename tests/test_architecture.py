@@ -1,0 +1,129 @@
+"""The package layering of docs/architecture.md holds: every import of ``python/opbench`` goes down the
+documented order (or across one layer without closing a cycle), and the pairs the document forbids
+never import each other. The order is read from the document itself, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "python" / "opbench"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def _layers() -> dict[str, int]:
+    """Package -> layer (0 is the bottom) from the ``layers`` block of docs/architecture.md."""
+    block = re.search(r"```layers\n(.*?)```", DOC.read_text(), re.S)
+    assert block, "docs/architecture.md has no ```layers block"
+    rows = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    rows = [row for row in rows if row]
+    return {name.strip(): len(rows) - 1 - i for i, row in enumerate(rows) for name in row.split(",")}
+
+
+def _forbidden() -> set[tuple[str, str]]:
+    """(importer, imported) pairs from the document's ``never`` lines: ``- never: a -> b, c``."""
+    pairs = set()
+    for a, bs in re.findall(r"^- never: (\w+) -> ([\w, ]+)$", DOC.read_text(), re.M):
+        pairs |= {(a, b.strip()) for b in bs.split(",")}
+    return pairs
+
+
+def _unit(path: Path, package: Path = PACKAGE) -> str:
+    """The package (or top-level module) a file belongs to."""
+    first = path.relative_to(package).parts[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def _imports(package: Path = PACKAGE) -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) -> where, for every import between two units of opbench."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(package.rglob("*.py")):
+        src = _unit(path, package)
+        if src in ("__init__", "__main__"):  # the facade re-exports; ``python -m opbench`` runs the CLI
+            continue
+        parts = path.relative_to(package).with_suffix("").parts
+        here = parts[:-1] if path.name != "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 0:
+                    if node.module and node.module.split(".")[0] == "opbench":
+                        rest = node.module.split(".")[1:]
+                        targets = [rest[0]] if rest else [a.name for a in node.names]
+                else:
+                    base = list(here[:len(here) - (node.level - 1)]) if node.level > 1 else list(here)
+                    rest = base + (node.module.split(".") if node.module else [])
+                    targets = [rest[0]] if rest else [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name.split(".")[1] for a in node.names if a.name.startswith("opbench.")]
+            for target in targets:
+                if target != src:
+                    found[(src, target)].append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_layers_of_the_document_cover_every_package():
+    layers = _layers()
+    units = {_unit(p) for p in PACKAGE.rglob("*.py")} - {"__init__", "__main__"}
+    assert units <= set(layers), f"not in docs/architecture.md's layers: {sorted(units - set(layers))}"
+
+
+def test_no_import_goes_up_or_is_forbidden():
+    layers, forbidden = _layers(), _forbidden()
+    assert forbidden, "docs/architecture.md lists no forbidden imports"
+    bad = []
+    for (src, dst), where in sorted(_imports().items()):
+        if layers.get(dst, -1) > layers[src]:
+            bad.append(f"{src} -> {dst} goes up ({where[0]})")
+        if (src, dst) in forbidden:
+            bad.append(f"{src} -> {dst} is forbidden ({where[0]})")
+    assert not bad, "\n".join(bad)
+
+
+def _cycle(edges: set[tuple[str, str]]) -> list[str] | None:
+    """A cycle of the directed graph ``edges`` (its nodes in order), or None."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, dst in edges:
+        graph[src].add(dst)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [])
+            if found:
+                return found
+    return None
+
+
+def test_no_cycle_between_packages():
+    cycle = _cycle(set(_imports()))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The checks can fail: an upward import and a cycle planted in a copy of the package are found."""
+    import shutil
+
+    copy = tmp_path / "opbench"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "ir" / "planted.py").write_text("from ..pipeline import collect\nfrom opbench.models import base\n")
+    (copy / "models" / "planted.py").write_text("from ..ir import graph\n")
+    imports = _imports(copy)
+    layers = _layers()
+    assert ("ir", "pipeline") in imports and layers["pipeline"] > layers["ir"]
+    assert _cycle(set(imports)) is not None and _cycle(set(_imports())) is None
