@@ -76,7 +76,7 @@ def bench_model(name: str, batch: int, args) -> dict:
     from opbench.profile.cuda import CudaProfiler
     from opbench.profile.timer import TimingConfig, time_evaluator
     from opbench.runtime import flatten_outputs, resolve_target
-    from opbench.runtime.backend import TorchBackend, TVMBackend
+    from opbench.runtime.backend import KernelBackend, TorchBackend, TVMBackend
     from opbench.runtime.graphs import CapturedModel
     from opbench.schedule import IOS, get_scheduler
 
@@ -105,7 +105,9 @@ def bench_model(name: str, batch: int, args) -> dict:
     resources = CudaProfiler().resources(kernels)
     makers = {"tvm": lambda: TVMBackend(kernels, w.example_inputs(), resources),
               "torch": lambda: TorchBackend(module, [x]),
-              "torch+foldbn": lambda: TorchBackend(module, [x], fold_bn=True)}
+              "torch+foldbn": lambda: TorchBackend(module, [x], fold_bn=True),
+              # regions of the traced graph, each compiled by Inductor (as capturer(kernels="fused"))
+              "fused": lambda: KernelBackend.create("fused", module, [x])}
     backends = {label: makers[label]() for label in args.backends.split(",")}
     host_ref = [ref.detach().float().cpu().numpy()]
     for label, backend in backends.items():
@@ -201,11 +203,12 @@ def main() -> int:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "default"),
                         help="fp32: no TF32 anywhere; default: PyTorch's defaults (TF32 in cuDNN convolutions)")
     parser.add_argument("--backends", default="tvm,torch,torch+foldbn",
-                        help="comma-separated kernel backends: tvm, torch, torch+foldbn")
+                        help="comma-separated kernel backends: tvm, torch, torch+foldbn, fused (Inductor-compiled "
+                             "regions; scripts/bench_fused.py compares them with torch.compile in full)")
     args = parser.parse_args()
-    unknown = set(args.backends.split(",")) - {"tvm", "torch", "torch+foldbn"}
+    unknown = set(args.backends.split(",")) - {"tvm", "torch", "torch+foldbn", "fused"}
     if unknown:
-        parser.error(f"unknown backend(s) {', '.join(sorted(unknown))} (accepted: tvm, torch, torch+foldbn)")
+        parser.error(f"unknown backend(s) {', '.join(sorted(unknown))} (accepted: tvm, torch, torch+foldbn, fused)")
     out = Path(args.out or os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     import torch

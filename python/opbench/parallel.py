@@ -20,11 +20,11 @@ from typing import Any
 
 from .errors import OpBenchError
 from .pipeline.compare import evaluate, host_arrays, table_rows
-from .pipeline.compile import torch_backend
+from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
-from .runtime.backend import KernelBackend, TorchBackend
+from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.graphs import CapturedModel
+from .runtime.graphs import CapturedModel, CompiledModel
 from .schedule import Schedule
 
 __all__ = ["CapturedSchedule", "capturer", "optimize"]
@@ -48,18 +48,16 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
-            timer: Timer | None, phases: dict[str, float], merge: bool | str = False) -> tuple[
-                TorchBackend, CapturedModel, Schedule, list[dict[str, Any]], Any]:
-    inputs = _check_order(inputs, model, caller)
-    given = _load_schedule(schedule)
-    clock = time.perf_counter()
-    # torch.fx where it can, else torch.export
-    backend = torch_backend(model, inputs, merge, trace="auto", repeat=repeat, number=number)
-    phases["trace_s"] = time.perf_counter() - clock
+            timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
+            compiled: bool | None = None, cut: str = "auto") -> tuple[
+                KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
     import torch
 
+    inputs = _check_order(inputs, model, caller)
+    given = _load_schedule(schedule)
+    check_kernels(kernels)
     clock = time.perf_counter()
-    baseline = CapturedModel(model, inputs)
+    baselines: list[Any] = [CapturedModel(model, inputs)]
     with torch.no_grad():
         reference = model(*inputs)
     phases["model_graph_s"] = time.perf_counter() - clock
@@ -67,22 +65,35 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     if not any(isinstance(v, torch.Tensor) for v in leaves):
         raise OpBenchError(f"{type(model).__name__} returns no tensor ({type(reference).__name__}): nothing to "
                            "schedule")
+    if kernels == "fused" if compiled is None else compiled:
+        clock = time.perf_counter()
+        baselines.append(CompiledModel(model, inputs))
+        phases["torch_compile_s"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    regions = given.meta.get("regions") if given is not None and kernels == "fused" else None
+    backend = torch_backend(model, inputs, merge, trace="auto", repeat=repeat, number=number, kernels=kernels,
+                            cut=cut, regions=regions)
+    phases["trace_s" if kernels == "aten" else "build_s"] = time.perf_counter() - clock
+    if kernels == "fused":
+        phases["regions_compile_s"] = backend.compile_s
     plan, rows = evaluate(backend, schedulers, None, host_arrays(leaves), repeat, number, tolerance,
-                          mode=mode, baseline=baseline, schedule=given, timer=timer, phases=phases)
-    return backend, baseline, plan, rows, structure
+                          mode=mode, baseline=baselines, schedule=given, timer=timer, phases=phases)
+    return backend, baselines, plan, rows, structure
 
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool | str = False) -> Schedule:
-    """The fastest measured schedule of a torch model's ATen kernels (the same search as :func:`capturer`).
+             number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
+             compiled: bool | None = None, cut: str = "auto") -> Schedule:
+    """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
-    ``schedule.meta["beats_model"]`` says whether the schedule beat it (else :func:`capturer` would
-    return the captured model).
+    ``schedule.meta["beats_model"]`` says whether the schedule beat every baseline (else
+    :func:`capturer` would return the fastest baseline). For ``kernels="fused"`` the schedule records
+    the region cut (``meta["regions"]``), so that passing it back skips the cut and the search.
     """
     _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                                  number, timer, {}, merge)
+                               number, timer, {}, merge, kernels, compiled, cut)
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -110,29 +121,37 @@ class CapturedSchedule:
 
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool | str = False) -> Any:
-    """Opara-style one call: export ``model``, pick the fastest variant by measurement, capture it.
+             number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
+             compiled: bool | None = None, cut: str = "auto") -> Any:
+    """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
-    The variants are the model itself captured as it is in one CUDA Graph (the baseline) and the
-    schedules of its exported operators (see :func:`evaluate` for ``schedulers``, ``mode``,
-    ``schedule``, ``tolerance`` and ``timer``). The result is a :class:`CapturedSchedule` when a
-    schedule beats the baseline by more than ``tolerance``, else the :class:`CapturedModel` (with the
-    reason logged at INFO). Both take the model's inputs, return static outputs, and carry
-    ``table`` (every row), ``build_s`` (seconds this call took), ``phases`` (where they went) and
-    ``trace`` (``fx`` or ``export``: how the operators were traced). ``merge`` applies IOS's merge
-    first: convolutions that read the same input with the same kernel size, stride, padding and
-    dilation run as one convolution whose output is split; ``True`` or ``"all"`` merges every such
-    group, ``"ios"`` the groups where IOS's dynamic programme finds merging faster than running
-    them concurrently (:func:`ios_merges`).
-    Every measured row is ``repeat`` samples of ``number`` runs (the median is compared).
+    The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
+    ``compiled``; by default with ``kernels="fused"``) ``torch.compile(model, mode="reduce-overhead")``,
+    and the schedules of the model's operators (see :func:`opbench.pipeline.compare.evaluate` for
+    ``schedulers``, ``mode``, ``schedule``, ``tolerance`` and ``timer``). The operators are
+    ``kernels="aten"``: PyTorch's own kernels, one per traced call; or ``kernels="fused"``: regions of
+    the traced graph, each compiled by Inductor (:class:`opbench.runtime.fused.FusedBackend`; ``cut``:
+    ``auto``, the branches cut, or one of :data:`opbench.ir.regions.CUTS`). The result is a
+    :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
+    fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or
+    :class:`~opbench.runtime.graphs.CompiledModel`), with the reason logged at INFO: never slower than
+    a baseline it measured. Each takes the model's inputs and carries ``table`` (every row),
+    ``build_s`` (seconds this call took), ``phases`` (where they went: ``torch_compile_s``,
+    ``regions_compile_s``, ...) and ``trace``. ``merge`` applies IOS's merge first (ATen kernels):
+    ``True`` or ``"all"`` merges every group of sibling convolutions, ``"ios"`` the groups where IOS's
+    dynamic programme finds merging faster (:func:`opbench.pipeline.compile.ios_merges`). Every
+    measured row is ``repeat`` samples of ``number`` runs (the median is compared). ``backend`` and
+    ``baselines`` are what was measured (the regions of ``kernels="fused"`` are ``backend.regions``).
 
-    A model that cannot be exported is run unscheduled (``model`` itself) with a warning.
+    A model that cannot be traced, or that returns no tensor, is run unscheduled (``model`` itself)
+    with a warning.
     """
     start = time.perf_counter()
     phases: dict[str, float] = {}
     try:
-        backend, baseline, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
-                                                        tolerance, repeat, number, timer, phases, merge)
+        backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
+                                                            tolerance, repeat, number, timer, phases, merge, kernels,
+                                                            compiled, cut)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
@@ -143,12 +162,14 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
         raise
     table = table_rows(rows)
     result: Any
-    if rows[0]["kept"] and rows[0]["plan"] is None:
-        result = baseline
+    kept = next(r for r in rows if r["kept"])
+    if kept["plan"] is None:
+        result = kept["baseline"]
         result.schedule = None
     else:
         result = CapturedSchedule(backend, plan, table, structure)
     result.table = table
+    result.backend, result.baselines = backend, baselines
     result.trace = backend.trace
     result.phases = phases
     result.build_s = time.perf_counter() - start

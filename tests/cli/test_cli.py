@@ -215,6 +215,13 @@ def test_compare_command_errors(tmp_path):
     assert proc.returncode == 2 and "unknown backend 'jax'" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--merge", "some", script=False)
     assert proc.returncode == 2 and "invalid choice: 'some'" in proc.stderr
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "bogus", script=False)
+    assert proc.returncode == 2 and "unknown kernels 'bogus' (accepted: aten, fused)" in proc.stderr
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "fused", "--cut", "thin",
+               script=False)
+    assert proc.returncode == 2 and "unknown --cut 'thin' (accepted: auto, branches, blocks, whole)" in proc.stderr
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "fused", script=False)
+    assert proc.returncode == 2 and "use them with --backend torch" in proc.stderr
 
 
 def test_false_really_is_false(tmp_path):

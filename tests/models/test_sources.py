@@ -26,7 +26,7 @@ def test_sources_are_listed():
 
 @pytest.mark.parametrize("source, name, message", [
     ("nosuch", "resnet-18", "unknown model source 'nosuch' (accepted: local, remoteonnx, simple, transformers)"),
-    ("local", "resnet-19", "unknown model 'resnet-19' for source 'local' (accepted: densenet-121"),
+    ("local", "resnet-19", "unknown model 'resnet-19' for source 'local' (accepted: convnext_tiny, densenet-121"),
     ("simple", "branchy:width=3", "unknown option 'width'"),
     ("simple", "branchy:branches=0", "must be a positive integer"),
     ("transformers", "llama", "unknown model 'llama' for source 'transformers'"),

@@ -27,19 +27,28 @@ def _tvm(llvm_target):
     return backend, reference
 
 
-def _torch(_llvm_target):
+def _zoo(kind: str, name: str, **options):
+    """``kind``'s backend over a small zoo model (64 px), and the model's own output."""
     torch = pytest.importorskip("torch")
 
-    workload = load_workload("local", "googlenet", 1, image_size=64)
+    workload = load_workload("local", name, 1, image_size=64)
     model = workload.torch_module.eval()
     x = torch.from_numpy(workload.example_inputs(3)[0])
-    backend = KernelBackend.create("torch", model, [x], trace="export")
+    backend = KernelBackend.create(kind, model, [x], **options)
     with torch.no_grad():
         reference = [model(x).numpy()]
     return backend, reference
 
 
-MAKERS = {"tvm": _tvm, "torch": _torch}
+def _torch(_llvm_target):
+    return _zoo("torch", "googlenet", trace="export")
+
+
+def _fused(_llvm_target):
+    return _zoo("fused", "squeezenet_v1.1")
+
+
+MAKERS = {"tvm": _tvm, "torch": _torch, "fused": _fused}
 
 
 def test_every_backend_kind_is_tested():
@@ -59,5 +68,5 @@ def test_a_parallel_run_equals_the_model(kind, llvm_target):
 
 
 def test_unknown_backend_is_one_line():
-    with pytest.raises(OpBenchError, match=r"unknown backend 'bogus' \(accepted: tvm, torch"):
+    with pytest.raises(OpBenchError, match=r"unknown backend 'bogus' \(accepted: tvm, torch, fused\)"):
         KernelBackend.create("bogus")

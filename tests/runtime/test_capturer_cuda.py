@@ -114,3 +114,30 @@ def test_capturer_with_ios_merge_on_the_gpu():
     run = capturer([x], block, merge="ios", schedulers=["sequential", "opara"])
     with torch.no_grad():
         torch.testing.assert_close(run(x), block(x), rtol=1e-3, atol=1e-3)
+
+
+def test_fused_capturer_equals_the_model_and_is_not_slower_than_torch_compile():
+    """kernels='fused': Inductor-compiled regions on streams, in one CUDA Graph; outputs equal the
+    model's (TF32 off: Inductor's and cuDNN's kernels then agree closely), and what capturer keeps is
+    no slower than torch.compile's module, measured in the same run."""
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        model, x = _googlenet()
+        run = capturer([x], model, kernels="fused", repeat=5, number=10)
+        rows = {r["schedule"]: r for r in run.table}
+        kept = next(r for r in run.table if r["kept"])
+        assert "torch.compile" in rows and kept["latency_ms"] <= rows["torch.compile"]["latency_ms"]
+        assert run.backend.name == "fused" and len(run.backend.regions) > 1 and not run.backend.fallbacks
+        with torch.no_grad():
+            torch.testing.assert_close(run(x), model(x), rtol=1e-3, atol=1e-3)
+        assert all(r["sched_error"] == 0.0 for r in run.table if r.get("streams") and r["measured"]
+                   and r["schedule"] not in ("model, CUDA Graph", "torch.compile"))
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _googlenet():
+    from opbench.models import get_source
+
+    model, x = get_source("local").torch_model("googlenet", 1)
+    return model.cuda().eval(), x.cuda()

@@ -6,7 +6,8 @@ graph type the schedulers and the executor share:
 * ``trace="export"`` takes the ATen operators of ``torch.export(model)``; ``trace="fx"`` takes the
   module, function and method calls of ``torch.fx.symbolic_trace(model)`` (what the user wrote,
   traced in a fraction of the time, for models without data-dependent Python control flow);
-  ``trace="auto"`` tries fx and falls back to export.
+  ``trace="auto"`` tries fx and falls back to export; ``trace="graph"`` takes a ``GraphModule`` (e.g.
+  one split into regions) as it is.
 * ``fold_bn`` folds eval-mode batch norm into the convolution before it.
 * ``merge`` applies IOS's merge: convolutions that read the same input with the same kernel size,
   stride, padding and dilation become one convolution on their concatenated weights.
@@ -27,7 +28,7 @@ from ..errors import OpBenchError
 from .features import tensor_bytes
 from .graph import ArgRef, OpGraph, OpNode
 
-TRACERS = ("export", "fx", "auto")
+TRACERS = ("export", "fx", "auto", "graph")  # graph: a torch.fx GraphModule taken as it is
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -109,15 +110,17 @@ class TorchGraph:
         self.env: dict[Any, Any] = {}
         self.placeholders: list[Any] = []
         graph = None
+        if trace == "graph" and not isinstance(model, torch.fx.GraphModule):
+            raise OpBenchError(f"trace='graph' takes a torch.fx GraphModule, not a {type(model).__name__}")
         if trace != "export":
             try:
-                graph = self._trace_fx(model, inputs)
+                graph = self._trace_fx(model, inputs, trace == "graph")
             except Exception as err:
-                if trace == "fx":
+                if trace in ("fx", "graph"):
                     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
                 self.env, self.placeholders, self.modules = {}, [], {}  # auto: start again with export
-        self.trace = "export" if graph is None else "fx"
+        self.trace = "export" if graph is None else "graph" if trace == "graph" else "fx"
         if graph is None:
             graph = self._trace_export(model, inputs)
         self.ops = [n for n in graph.nodes if n.op in ("call_function", "call_module", "call_method")]
@@ -151,11 +154,11 @@ class TorchGraph:
         self._bind_inputs(inputs)
         return program.graph
 
-    def _trace_fx(self, model: Any, inputs: Sequence[Any]) -> Any:
+    def _trace_fx(self, model: Any, inputs: Sequence[Any], as_is: bool = False) -> Any:
         torch = self.torch
         from torch.fx.passes.shape_prop import ShapeProp
 
-        module = torch.fx.symbolic_trace(model)
+        module = model if as_is else torch.fx.symbolic_trace(model)
         with torch.no_grad():
             ShapeProp(module).propagate(*inputs)
         for node in module.graph.nodes:

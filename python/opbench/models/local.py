@@ -47,6 +47,10 @@ _ZOO: dict[str, tuple[Callable[[], Any], int]] = {
     "densenet-121": (_tv("densenet121"), 224),
     "nasnet": (_nasnet, 224),
     "randwire": (_randwire, 224),
+    "mobilenet_v3_large": (_tv("mobilenet_v3_large"), 224),
+    "efficientnet_b0": (_tv("efficientnet_b0"), 224),
+    "convnext_tiny": (_tv("convnext_tiny"), 224),
+    "vit_b_16": (_tv("vit_b_16"), 224),
 }
 
 _ALIASES = {
@@ -88,19 +92,29 @@ class LocalSource(ModelSource):
             raise self.unknown(name)
         return key
 
-    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
-        from ._torch import calibrate_batchnorm, export_to_relax, import_torch
+    def torch_model(self, name: str, batch_size: int = 1, **options: Any) -> tuple[Any, Any]:
+        """The PyTorch model (seeded weights, batch-norm statistics re-estimated, eval mode) and an
+        example input, without importing it into TVM (what a PyTorch-only workflow needs)."""
+        from ._torch import calibrate_batchnorm, import_torch
 
         torch = import_torch()
-        key = self.canonical(name)
-        builder, default_size = _ZOO[key]
+        builder, default_size = _ZOO[self.canonical(name)]
         size = int(options.get("image_size") or default_size)
         seed = int(options.get("seed") or 0)
         torch.manual_seed(seed)
         module = builder()
         shape = (batch_size, 3, size, size)
         calibrate_batchnorm(module, shape, seed)
-        example = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        return module, torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
+        from ._torch import export_to_relax
+
+        key = self.canonical(name)
+        size = int(options.get("image_size") or _ZOO[key][1])
+        seed = int(options.get("seed") or 0)
+        module, example = self.torch_model(key, batch_size, **options)
+        shape = tuple(example.shape)
         mod = export_to_relax(module, (example,))
         return Workload(
             name=key,

@@ -70,8 +70,8 @@ def _leaves(value: Any) -> list[Any]:
 
 
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The comparison rows without their ``Schedule`` objects (JSON-serialisable)."""
-    return [{k: v for k, v in r.items() if k != "plan"} for r in rows]
+    """The comparison rows without their ``Schedule`` and baseline objects (JSON-serialisable)."""
+    return [{k: v for k, v in r.items() if k not in ("plan", "baseline")} for r in rows]
 
 
 def _row(name: str, latency_ms: float | None, error: float | None, sched_error: float | None, scheduling_ms: float,
@@ -117,7 +117,7 @@ def _plan_key(schedule: Schedule) -> tuple[Any, ...]:
 
 def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
              reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
-             tolerance: float = 0.02, mode: str = "exhaustive", baseline: CapturedModel | None = None,
+             tolerance: float = 0.02, mode: str = "exhaustive", baseline: Any = None,
              schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
              phases: dict[str, float] | None = None) -> tuple[Schedule, list[dict[str, Any]]]:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
@@ -138,8 +138,11 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         ``"exhaustive"`` measures every schedule; ``"fast"`` measures sequential and the
         ``measure_top`` best by predicted latency (unless ``schedulers`` were named).
     baseline:
-        The model captured as it is: measured as its own row, and kept (``row["kept"]``) unless a
-        schedule beats it by more than ``tolerance``.
+        The model run as it is, or several ways to (a list): the model captured in its own CUDA Graph
+        (:class:`~opbench.runtime.graphs.CapturedModel`, the first, which outputs are compared
+        against), ``torch.compile`` (:class:`~opbench.runtime.graphs.CompiledModel`). Each is a row;
+        the fastest of them is kept (``row["kept"]``) unless a schedule beats it by more than
+        ``tolerance``.
     schedule:
         A schedule made earlier for this graph: no search, it is measured beside sequential.
     timer:
@@ -150,7 +153,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     Returns
     -------
     The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
-    variant; ``kept`` marks the overall winner, which is the baseline row when nothing beats it.
+    variant; ``kept`` marks the overall winner, which is a baseline row when no schedule beats them.
     """
     if mode not in MODES:
         raise OpBenchError(f"unknown mode '{mode}' (accepted: {', '.join(MODES)})")
@@ -173,14 +176,15 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     measure = (set(range(len(scheduled))) if mode == "exhaustive" or named or schedule is not None
                else _worth_measuring(scheduled, predicted, measure_top))
     rows: list[dict[str, Any]] = []
-    if baseline is not None:
-        outputs = host_arrays(_leaves(baseline.run_once()))
+    for base in [] if baseline is None else baseline if isinstance(baseline, list | tuple) else [baseline]:
+        outputs = host_arrays(_leaves(base.run_once()))
         reference = reference if reference is not None else outputs
-        rows.append(_row(baseline.label, median(timer(baseline.label, baseline.run_once)) * 1e3,
+        rows.append(_row(base.label, median(timer(base.label, base.run_once)) * 1e3,
                          relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
+        rows[-1]["baseline"] = base
     sequential_out: list[np.ndarray] | None = None
     for i, (plan, seconds) in enumerate(scheduled):
-        plan.meta.update({"graph": fingerprint, "device": device})
+        plan.meta.update({"graph": fingerprint, "device": device, **backend.schedule_meta()})
         row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
                    plan.num_streams, plan.num_events)
         if i in measure:
@@ -198,15 +202,19 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     phases["measuring_s"] = time.perf_counter() - clock
     _decide(rows, tolerance)
     kept = next((r for r in rows if r["kept"] and r["plan"] is not None), None)
-    if kept is None:  # the baseline won: the best schedule still goes back (for --save-schedule)
+    if kept is None:  # a baseline won: the best schedule still goes back (for --save-schedule)
         kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
                    key=lambda r: r["latency_ms"])
     return kept["plan"], rows
 
 
 def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
-    """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the baseline)."""
-    base = rows[0] if rows[0]["plan"] is None else None
+    """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the first
+    baseline, the model's own graph): the fastest baseline is kept unless a schedule beats it by more
+    than ``tolerance``."""
+    baselines = [r for r in rows if r["plan"] is None]
+    model = baselines[0] if baselines else None
+    base = min(baselines, key=lambda r: r["latency_ms"]) if baselines else None
     schedules = [r for r in rows if r["plan"] is not None]
     sequential = schedules[0]
     valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5]
@@ -215,16 +223,17 @@ def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
         log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
         best = sequential
     if base is not None and not best["latency_ms"] < base["latency_ms"] * (1 - tolerance):
-        log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, model %.4f ms): keeping the "
-                 "model as it is", base["schedule"], tolerance * 100, best["schedule"], best["latency_ms"],
-                 base["latency_ms"])
+        keeping = "the model as it is" if base is model else f"the {base['schedule']} module"
+        log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, %s %.4f ms): keeping %s (%s)",
+                 base["schedule"], tolerance * 100, best["schedule"], best["latency_ms"], base["schedule"],
+                 base["latency_ms"], keeping, base["schedule"])
         best = base
     for row in rows:
         row["kept"] = row is best
         lat = row["latency_ms"]
         row["speedup"] = sequential["latency_ms"] / lat if row["measured"] and lat else None
-        if base is not None:
-            row["vs_model"] = base["latency_ms"] / lat if row["measured"] and lat else None
+        if model is not None:
+            row["vs_model"] = model["latency_ms"] / lat if row["measured"] and lat else None
 
 
 def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -> SchedulingCost:
@@ -362,9 +371,10 @@ class CompareResult:
     stages: dict[str, Any] | None = None
 
     @property
-    def baseline_kept(self) -> bool:
-        """True when the model's own CUDA Graph is kept (no schedule beats it)."""
-        return bool(self.rows and self.rows[0]["kept"] and self.rows[0]["plan"] is None)
+    def kept_baseline(self) -> dict[str, Any] | None:
+        """The baseline row that is kept (the model's own graph, or torch.compile's) when no schedule
+        beats it, else None."""
+        return next((r for r in self.rows if r["kept"] and r["plan"] is None), None)
 
     def table(self) -> dict[str, Any]:
         """The comparison as JSON: schedules, critical path, each operator's time alone (and stages)."""
@@ -442,11 +452,12 @@ def stage_tables(backend: KernelBackend, rows: Sequence[dict[str, Any]], repeat:
     return found
 
 
-def compare(backend: KernelBackend, options: CompareOptions | None = None, baseline: CapturedModel | None = None,
+def compare(backend: KernelBackend, options: CompareOptions | None = None,
+            baseline: CapturedModel | Sequence[Any] | None = None,
             latencies: Sequence[float] | None = None) -> CompareResult:
-    """Schedules of ``backend``'s kernels side by side (and the model's own CUDA Graph, ``baseline``,
-    for a torch model), then the critical path that bounds them all. ``latencies`` (seconds by
-    operator) are the operators' alone-times when they were just measured."""
+    """Schedules of ``backend``'s kernels side by side (and, for a torch model, the baselines: the
+    model's own CUDA Graph, ``torch.compile``'s module), then the critical path that bounds them all.
+    ``latencies`` (seconds by operator) are the operators' alone-times when they were just measured."""
     options = options or CompareOptions()
     what = f"schedule {options.schedule.name}" if options.schedule else f"schedules {options.schedulers}"
     log.info("comparing %s on %d operators", what, len(backend.graph))
@@ -458,19 +469,30 @@ def compare(backend: KernelBackend, options: CompareOptions | None = None, basel
 
 
 def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any = None, merge: bool | str = "none",
-                  seed: int = 0, repeat: int = 10, number: int = 20) -> tuple[KernelBackend, CapturedModel | None]:
-    """``workload``'s kernels as backend ``kind`` for the compare job, and the model's own CUDA Graph
-    (the baseline row) where the backend runs the model's PyTorch kernels.
+                  seed: int = 0, repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
+                  compiled: bool | None = None, regions: Sequence[Sequence[str]] | None = None,
+                  ) -> tuple[KernelBackend, list[Any] | None]:
+    """``workload``'s kernels as backend ``kind`` for the compare job, and the baselines where the
+    backend runs the model's PyTorch kernels: the model's own CUDA Graph and (``compiled``; by default
+    with fused kernels) ``torch.compile(model, mode="reduce-overhead")``.
 
-    ``tvm``: TVM's kernels (tuned ones from the tuning database folder ``database``); ``torch``:
-    PyTorch's ATen kernels of the model (sources with a PyTorch model: local, transformers).
-    ``merge`` applies IOS's merge (:data:`opbench.pipeline.compile.MERGE_MODES`).
+    ``tvm``: TVM's kernels (tuned ones from the tuning database folder ``database``); ``torch``: the
+    model's PyTorch kernels (sources with a PyTorch model: local, transformers), ATen's one per traced
+    call (``kernels="aten"``) or regions compiled by Inductor (``kernels="fused"``, cut as ``cut``
+    says or as a saved schedule's ``regions`` were; ``fused`` as ``kind`` is the same). ``merge`` applies IOS's merge
+    (:data:`opbench.pipeline.compile.MERGE_MODES`).
     """
+    from ..runtime.graphs import CompiledModel
     from ..runtime.target import is_gpu
-    from .compile import merge_mode, torch_backend, tvm_backend
+    from .compile import check_kernels, merge_mode, torch_backend, tvm_backend
 
     KernelBackend.check_kind(kind)
     merge = merge_mode(merge)
+    if kind == "fused":
+        kind, kernels = "torch", "fused"
+    if check_kernels(kernels) == "fused" and kind == "tvm":
+        raise OpBenchError("fused kernels are regions of a PyTorch model compiled by Inductor: use them with "
+                           "--backend torch (TVM's kernels are fused by TVM already)")
     if kind == "tvm":
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         return tvm_backend(workload, target, workload.example_inputs(seed), database=database, merge=merge,
@@ -481,10 +503,17 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     import torch
 
     device = "cuda" if is_gpu(target) else "cpu"
-    module = workload.torch_module.to(device)
+    module = workload.torch_module.to(device).eval()
     inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(seed)]
-    backend = torch_backend(module, inputs, merge, trace="export", repeat=repeat, number=number)
-    return backend, CapturedModel(module, inputs)
+    baselines: list[Any] = [CapturedModel(module, inputs)]
+    if kernels == "fused" if compiled is None else compiled:
+        log.info("compiling %s with torch.compile (the torch.compile row)", workload.name)
+        baselines.append(CompiledModel(module, inputs))
+    if kernels == "fused":
+        log.info("cutting %s into regions and compiling each with Inductor", workload.name)
+    backend = torch_backend(module, inputs, merge, trace="export" if kernels == "aten" else "auto", repeat=repeat,
+                            number=number, kernels=kernels, cut=cut, regions=regions if kernels == "fused" else None)
+    return backend, baselines
 
 
 __all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "CompareOptions",

@@ -33,6 +33,8 @@ from ..runtime.target import tuning_target
 log = logging.getLogger("opbench")
 #: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
 MERGE_MODES = ("none", "all", "ios")
+#: a torch model's kernels: PyTorch's own, one per traced call (aten); regions compiled by Inductor (fused)
+KERNELS = ("aten", "fused")
 
 
 @dataclasses.dataclass
@@ -140,12 +142,36 @@ def tvm_backend(workload: Workload, target: Any, inputs: Sequence[Any] | None = 
     return build(merge_sibling_convs(mod, entry, chosen)[0])
 
 
+def check_kernels(kernels: str) -> str:
+    """``kernels`` if it is one of :data:`KERNELS`, else a one-line error naming them."""
+    if kernels not in KERNELS:
+        raise OpBenchError(f"unknown kernels '{kernels}' (accepted: {', '.join(KERNELS)})")
+    return kernels
+
+
 def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = "auto",
-                  repeat: int = 10, number: int = 20, **options: Any) -> TorchBackend:
-    """A :class:`TorchBackend` with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`):
-    ``all`` merges every group of sibling convolutions, ``ios`` the groups :func:`ios_merges`
-    picks (logged; ``backend.merged_groups`` lists what was merged)."""
+                  repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
+                  regions: Sequence[Sequence[str]] | None = None, **options: Any) -> KernelBackend:
+    """A torch model's kernels as a backend: ``kernels="aten"``, a :class:`TorchBackend` (PyTorch's
+    kernels, one per traced call) with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`:
+    ``all`` merges every group of sibling convolutions, ``ios`` the groups :func:`ios_merges` picks,
+    logged; ``backend.merged_groups`` lists what was merged); ``kernels="fused"``, a
+    :class:`~opbench.runtime.fused.FusedBackend` (regions compiled by Inductor; ``cut`` or a saved
+    cut's ``regions``; ``auto`` is the branches cut)."""
     mode = merge_mode(merge)
+    if check_kernels(kernels) == "fused":
+        if mode != "none":
+            raise OpBenchError("IOS's merge applies to ATen kernels (kernels='aten'); fused regions merge "
+                               "what Inductor fuses")
+        costs = None
+        if cut == "blocks" and regions is None:  # each traced operator alone, PyTorch's kernel
+            from ..profile.schedule import alone_times
+            from ..runtime.fused import fx_module
+
+            costs = alone_times(TorchBackend(fx_module(model, inputs, trace)[0], inputs, trace="graph"),
+                                repeat=min(repeat, 3), number=min(number, 5))
+        return KernelBackend.create("fused", model, inputs, cut="branches" if cut == "auto" else cut,
+                                    regions=regions, trace=trace, costs=costs)
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all", **options)
     if mode == "ios":
         chosen = ios_merges(backend, repeat=repeat, number=number)
@@ -237,5 +263,5 @@ def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBacke
     return sorted(members[tuple(sorted(ops))] for ops in chosen)
 
 
-__all__ = ["MERGE_MODES", "CompiledWorkload", "compile_workload", "ios_merges", "merge_mode", "torch_backend",
-           "tvm_backend", "tvm_ios_merges"]
+__all__ = ["KERNELS", "MERGE_MODES", "CompiledWorkload", "check_kernels", "compile_workload", "ios_merges",
+           "merge_mode", "torch_backend", "tvm_backend", "tvm_ios_merges"]

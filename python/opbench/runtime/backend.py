@@ -45,6 +45,8 @@ class KernelBackend:
     @staticmethod
     def check_kind(kind: str) -> type[KernelBackend]:
         """The backend class named ``kind``, or a one-line error naming the kinds there are."""
+        from . import fused  # noqa: F401  (registers the compiler-fused regions)
+
         try:
             return KernelBackend.KINDS[kind]
         except KeyError:
@@ -54,8 +56,14 @@ class KernelBackend:
     def create(kind: str, *args: Any, **options: Any) -> KernelBackend:
         """A backend by name, as MetaSchedule's ``Runner.create`` makes a runner: ``tvm`` takes the
         operator kernels and the inputs (``TVMBackend(kernels, inputs, resources)``), ``torch`` a model
-        and its inputs (``TorchBackend(model, inputs, fold_bn=, trace=, merge=)``)."""
+        and its inputs (``TorchBackend(model, inputs, fold_bn=, trace=, merge=)``), ``fused`` a model and
+        its inputs (``FusedBackend(model, inputs, cut=, regions=, trace=)``: regions compiled by Inductor)."""
         return KernelBackend.check_kind(kind)(*args, **options)
+
+    def schedule_meta(self) -> dict[str, Any]:
+        """What a schedule made for this backend records besides the graph and device (e.g. the
+        compiler-fused backend's region cut, so that reuse rebuilds the same regions)."""
+        return {}
 
     @property
     def device_name(self) -> str:

@@ -23,6 +23,8 @@ EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
 #: the name of the baseline row: the user's module captured as it is
 MODEL_ROW = "model, CUDA Graph"
 MODEL_ROW_EAGER = "model, eager"
+#: the name of the torch.compile baseline row
+COMPILE_ROW = "torch.compile"
 
 
 class CapturedGraph:
@@ -51,6 +53,15 @@ class CapturedGraph:
             self.graph.replay()
 
 
+def clear_cublas_workspaces() -> None:
+    """Free cuBLAS's per-stream workspaces (the next matmul on a stream allocates a new one)."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = None) -> CapturedGraph:
     """Warm ``launch`` up on a side stream, then capture it in a CUDA Graph.
 
@@ -75,10 +86,17 @@ def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = Non
     origin.wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    # cuBLAS keeps one workspace per stream. One allocated by the warm-up lives in the ordinary pool:
+    # captured, the graph would keep using it after anyone frees it (torch.compile's CUDA Graphs
+    # clear every workspace), and a replay would then write into another tensor's memory. Cleared
+    # here, the capture allocates its own in the graph's private pool; cleared after, later eager
+    # matmuls do not share the graph's (what PyTorch's own CUDA Graph trees do).
+    clear_cublas_workspaces()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.cuda.graph(graph, pool=pool):
             result = launch(torch.cuda.current_stream())
+    clear_cublas_workspaces()
     empty = False
     for w in caught:
         if EMPTY_GRAPH_WARNING in str(w.message):
@@ -162,3 +180,44 @@ class CapturedModel:
         for dst, src in zip(self.static_inputs, inputs, strict=True):
             dst.copy_(src)
         return self.run_once()
+
+
+class CompiledModel:
+    """The user's module compiled by ``torch.compile`` (``mode="reduce-overhead"``: Inductor's fused
+    kernels in its own CUDA Graphs), a baseline beside the model's own graph.
+
+    Built and warmed up at once (``compile_s`` says how long that took); ``run_once()`` runs it on the
+    static inputs, ``compiled(*inputs)`` on new ones. Its outputs are PyTorch's (overwritten by a
+    later run, as with its CUDA Graphs).
+    """
+
+    label = COMPILE_ROW
+
+    def __init__(self, model: Any, inputs: Sequence[Any], mode: str = "reduce-overhead", warmup: int = 3) -> None:
+        import time
+
+        import torch
+
+        self.model = model
+        self.static_inputs = [x.detach().clone() for x in inputs]
+        self.is_cuda = bool(self.static_inputs) and self.static_inputs[0].device.type == "cuda"
+        start = time.perf_counter()
+        self.compiled = torch.compile(model, mode=mode)
+        with torch.no_grad():
+            for _ in range(max(1, warmup)):
+                self.outputs = self.compiled(*self.static_inputs)
+        if self.is_cuda:
+            torch.cuda.synchronize()
+        self.compile_s = time.perf_counter() - start
+
+    def run_once(self) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.compiled(*self.static_inputs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.compiled(*inputs)

@@ -1,0 +1,159 @@
+"""Compiler-fused regions as kernels: a torch model cut into regions, each compiled by PyTorch's
+Inductor, launched one region at a time on the streams a schedule gives.
+
+:class:`FusedBackend` traces the model into a ``torch.fx`` graph (``torch.fx`` where it can, else
+``torch.export``), cuts it into regions (:mod:`opbench.ir.regions`), splits the graph into one
+submodule per region (``torch.fx.passes.split_module``) and compiles each with
+``torch.compile(region, dynamic=False, fullgraph=True)``: Inductor's kernels, without CUDA Graphs
+of its own, so that the executor captures every region of every stream in one CUDA Graph.
+Regions of identical structure compile once (Inductor's graph cache, which also makes a second
+build in a new process fast). A region Inductor cannot compile runs its ATen operators, logged once.
+To the schedulers and the executor the regions are ordinary operators: it is a
+:class:`~opbench.runtime.backend.TorchBackend` over the split graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import OpBenchError
+from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
+from .backend import TorchBackend
+
+log = logging.getLogger("opbench")
+
+
+def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[Any, str]:
+    """``model`` as a ``torch.fx.GraphModule`` and how it was traced (``fx`` or ``export``)."""
+    import torch
+
+    if trace not in ("auto", "fx", "export"):
+        raise OpBenchError(f"unknown trace '{trace}' (accepted: auto, fx, export)")
+    if trace != "export":
+        try:
+            return torch.fx.symbolic_trace(model), "fx"
+        except Exception as err:
+            if trace == "fx":
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, tuple(inputs))
+        return program.module(), "export"
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
+
+
+def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, str | None]:
+    """``region`` compiled by Inductor and run once on ``inputs`` (compiling it), or the region itself
+    with the reason when Inductor cannot compile it."""
+    import torch
+
+    compiled = torch.compile(region, dynamic=False, fullgraph=True)
+    try:
+        with torch.no_grad():
+            compiled(*inputs)
+        return compiled, None
+    except Exception as err:  # a region Inductor cannot take runs its ATen operators
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return region, f"{type(err).__name__}: {first[:200]}"
+
+
+class FusedBackend(TorchBackend):
+    """A torch model's regions, each compiled by Inductor (see the module docstring).
+
+    Parameters
+    ----------
+    cut:
+        How to cut (:data:`opbench.ir.regions.CUTS`); ``blocks`` weighs ``costs``, each traced
+        operator's seconds (:func:`opbench.pipeline.compile.torch_backend` times them alone).
+    regions:
+        A cut made earlier, as lists of traced node names (a saved schedule's ``meta["regions"]``):
+        no cut is computed.
+    trace:
+        ``auto`` (``torch.fx``, else ``torch.export``), ``fx`` or ``export``.
+
+    Attributes
+    ----------
+    regions:
+        The cut: the traced node names of each region, in launch order.
+    compile_s:
+        Seconds spent compiling the regions.
+    fallbacks:
+        Region name -> why it runs its ATen operators.
+    """
+
+    name = "fused"
+
+    def __init__(self, model: Any, inputs: Sequence[Any], cut: str = "branches",
+                 regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
+                 costs: Sequence[float] | None = None, min_gain_s: float = 5e-6) -> None:
+        import torch
+        from torch.fx.interpreter import Interpreter
+        from torch.fx.passes.split_module import split_module
+
+        if cut not in CUTS:
+            raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
+        gm, self.source_trace = fx_module(model, inputs, trace)
+        ops, preds = fx_operator_dag(gm.graph)
+        if regions is not None:
+            index = {n.name: i for i, n in enumerate(ops)}
+            missing = [name for region in regions for name in region if name not in index]
+            if missing or sorted(i for r in regions for i in (index[n] for n in r)) != list(range(len(ops))):
+                raise OpBenchError("the saved region cut does not match this model's traced graph "
+                                   f"({len(missing)} unknown operators): make the schedule again")
+            cut_ops = [sorted(index[name] for name in region) for region in regions]
+        else:
+            cut_ops = cut_regions(preds, cut, costs, min_gain_s)
+        self.cut = cut if regions is None else "saved"
+        self.regions = [[ops[i].name for i in region] for region in cut_ops]
+        split = split_module(gm, gm, region_of(ops, cut_ops))
+        # each region's inputs, from one eager run of the split graph (the compiler's example inputs)
+        seen: dict[str, list[Any]] = {}
+
+        class Recorder(Interpreter):
+            def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+                seen[target] = list(args)
+                return super().call_module(target, args, kwargs)
+
+        with torch.no_grad():
+            Recorder(split).run(*inputs)
+        start = time.perf_counter()
+        compiled: dict[str, Any] = {}
+        self.fallbacks: dict[str, str] = {}
+        for name, region in split.named_children():
+            if name not in seen:
+                continue
+            compiled[name], why = compile_region(region, seen[name], name)
+            if why is not None:
+                self.fallbacks[name] = why
+                log.warning("region %s runs its ATen operators: Inductor cannot compile it (%s)", name, why)
+        self.compile_s = time.perf_counter() - start
+        super().__init__(split, inputs, trace="graph")
+        flops = self._region_flops(gm, inputs, cut_ops)
+        for node in list(self.traced.modules):
+            if node.target in compiled:
+                self.traced.modules[node] = compiled[node.target]
+        for op in self.graph:  # regions: their operators' FLOPs (the split graph knows only the regions)
+            if op.var_name in flops:
+                op.flops = flops[op.var_name]
+                op.kind = "region"
+
+    def schedule_meta(self) -> dict[str, Any]:
+        return {"kernels": self.name, "cut": self.cut, "regions": self.regions}
+
+    def _region_flops(self, gm: Any, inputs: Sequence[Any], cut_ops: list[list[int]]) -> dict[str, float]:
+        """FLOPs of each region's call in the split graph, summed over its traced operators."""
+        from ..ir.torch_graph import TorchGraph
+
+        traced = TorchGraph(gm, inputs, trace="graph").graph
+        calls = [n for n in self.traced.ops if n.op == "call_module" and str(n.target).startswith("submod_")]
+        by_region = {int(str(n.target).rsplit("_", 1)[1]): n.name for n in calls}
+        return {by_region[r]: sum(traced[i].flops for i in ops) for r, ops in enumerate(cut_ops) if r in by_region}
+
+
+__all__ = ["FusedBackend", "compile_region", "fx_module"]

@@ -1,0 +1,248 @@
+"""Fusion and parallelism together: ``capturer(kernels="fused")`` against ``torch.compile`` and the rest.
+
+For each model and batch size, in ONE process and on the same inputs (PyTorch's default precision):
+
+* the model captured as it is in one CUDA Graph ("model graph");
+* ``torch.compile(model, mode="reduce-overhead")``, with its compile seconds;
+* ``capturer`` on PyTorch's own kernels (``kernels="aten"``, today's default), with its build seconds;
+* ``capturer(kernels="fused")``: the model cut into regions, each compiled by Inductor, scheduled on
+  streams and captured in one CUDA Graph; its build seconds (the regions' compile seconds among
+  them), every schedule's row and what it kept (it also measures torch.compile and the model graph,
+  and never keeps something slower than them);
+* the critical path of the fused regions (their longest dependency chain, each region timed alone).
+
+At the end of each model the four callables are timed again side by side, alternating, and the
+medians of those rounds are the table's figures. Results go to ``OUT/bench_fused.json`` after every
+model (a re-run with the same OUT skips what is there); a table is printed.
+
+Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
+process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
+regions, into Inductor's caches); the measured run then builds again in this process ("warm": what a
+user's second build in a new process costs). ``--deadline-s`` stops between models.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_fused.py --out out --models googlenet:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+DEFAULT = ("googlenet:1,inception_v3:1,nasnet:1,randwire:1,squeezenet_v1.0:1,resnet-18:1,mobilenet_v3_large:1,"
+           "efficientnet_b0:1,convnext_tiny:1,vit_b_16:1,bert:1")
+BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
+
+
+def load(name: str, batch: int):
+    """(model on the GPU, inputs): a zoo model (no TVM import), or BERT from its config."""
+    import torch
+
+    from opbench.models import get_source, load_workload
+
+    if name in ("bert", "bert-small", "roberta", "gpt2"):
+        w = load_workload("transformers", name, batch)
+        return w.torch_module.cuda().eval(), [torch.from_numpy(x).cuda() for x in w.example_inputs()]
+    model, x = get_source("local").torch_model(name, batch)
+    return model.cuda().eval(), [x.cuda()]
+
+
+def prebuild(name: str, batch: int) -> dict:
+    """Cold compile seconds of ``torch.compile(model, mode="reduce-overhead")`` and of the fused regions
+    (what ``capturer(kernels="fused")`` compiles), filling Inductor's caches; nothing is timed."""
+    import torch
+
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, inputs = load(name, batch)
+    t = time.perf_counter()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(*inputs)
+    torch.cuda.synchronize()
+    res = {"torch_compile_cold_s": time.perf_counter() - t}
+    t = time.perf_counter()
+    fused = FusedBackend(model, inputs)
+    res.update(fused_cold_s=time.perf_counter() - t, regions_compile_cold_s=fused.compile_s,
+               regions=len(fused.regions), region_fallbacks=len(fused.fallbacks))
+    return res
+
+
+def prebuild_all(items: list[tuple[str, int]], out: Path, jobs: int, deadline: float) -> None:
+    """``prebuild`` of every item without a file in ``out/prebuild``, ``jobs`` processes at a time."""
+    folder = out / "prebuild"
+    folder.mkdir(exist_ok=True)
+    todo = [(n, b) for n, b in items if not (folder / f"{n}_{b}.json").exists()]
+    running: list[tuple[subprocess.Popen, float]] = []
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
+    while todo or running:
+        while todo and len(running) < jobs:
+            n, b = todo.pop(0)
+            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}"]
+            running.append((subprocess.Popen(cmd, env=env), time.perf_counter()))
+        time.sleep(1)
+        running = [(p, t) for p, t in running if p.poll() is None]
+        if time.perf_counter() > deadline:
+            for p, _ in running:
+                p.kill()
+            print("prebuild: deadline reached", flush=True)
+            return
+
+
+def side_by_side(runs: dict, rounds: int, number: int) -> dict:
+    """Medians (ms) of ``rounds`` alternating CUDA-event samples of ``number`` calls of each callable."""
+    from opbench.profile.timer import cuda_event_samples
+
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for label, run in runs.items():
+            samples[label] += cuda_event_samples(run, 1, number, warmup=1)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
+def bench(name: str, batch: int, args) -> dict:
+    import torch
+
+    from opbench.parallel import capturer
+    from opbench.pipeline.compare import critical_path
+    from opbench.runtime.graphs import CapturedModel
+
+    torch.manual_seed(0)
+    model, inputs = load(name, batch)
+    res: dict = {"model": name, "batch": batch}
+    with torch.no_grad():
+        ref = model(*inputs)
+    own = CapturedModel(model, inputs)
+    t = time.perf_counter()
+    aten = capturer(inputs, model)
+    res["aten_build_s"] = time.perf_counter() - t
+    res["aten_kept"] = next(r["schedule"] for r in aten.table if r["kept"])
+    print(f"  {name}:{batch} aten: {res['aten_build_s']:.1f} s, kept {res['aten_kept']}", flush=True)
+    t = time.perf_counter()
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number)
+    res["fused_build_s"] = time.perf_counter() - t
+    res["fused_phases"] = fused.phases
+    res["fused_table"] = fused.table
+    res["fused_kept"] = next(r["schedule"] for r in fused.table if r["kept"])
+    res["torch_compile_s"] = fused.phases.get("torch_compile_s")
+    res["regions_compile_s"] = fused.phases.get("regions_compile_s")
+    best = min((r for r in fused.table if r.get("streams") and r["measured"] and r["schedule"] not in
+                ("model, CUDA Graph", "model, eager", "torch.compile")), key=lambda r: r["latency_ms"])
+    res["fused_best_schedule"], res["fused_best_table_ms"] = best["schedule"], best["latency_ms"]
+    print(f"  {name}:{batch} fused: {res['fused_build_s']:.1f} s (torch.compile {res['torch_compile_s']:.1f} s, "
+          f"regions {res['regions_compile_s']:.1f} s), kept {res['fused_kept']}", flush=True)
+    regions = fused.backend
+    res["regions"], res["region_fallbacks"] = len(regions.regions), regions.fallbacks
+    bound = critical_path(regions, args.repeat, args.number)
+    res["fused_critical_path_ms"] = bound["chain_ms"]
+    res["torch_compile_table_ms"] = next(r["latency_ms"] for r in fused.table if r["schedule"] == "torch.compile")
+    compiled = next(b for b in fused.baselines if b.label == "torch.compile")
+
+    def call(f):
+        def run():
+            with torch.no_grad():
+                return f(*inputs)
+        return run
+
+    res["ms"] = side_by_side({"model graph": own.run_once, "torch.compile": compiled.run_once,
+                              "capturer aten": call(aten), "capturer fused": call(fused)}, args.rounds, args.number)
+    out = fused(*inputs)
+    out = out[0] if isinstance(out, list | tuple) else out
+    ref0 = ref[0] if isinstance(ref, list | tuple) else ref
+    out, ref0 = getattr(out, "last_hidden_state", out), getattr(ref0, "last_hidden_state", ref0)
+    res["fused_err"] = float((out.float() - ref0.float()).abs().max() / ref0.float().abs().max())
+    ms = res["ms"]
+    res["fused_vs_compile"] = ms["torch.compile"] / ms["capturer fused"]
+    res["fused_vs_graph"] = ms["model graph"] / ms["capturer fused"]
+    res["gap_to_critical_path"] = ms["capturer fused"] / bound["chain_ms"] - 1
+    cold = Path(args.out) / "prebuild" / f"{name}_{batch}.json"
+    if cold.exists():
+        res["cold"] = json.loads(cold.read_text())
+    return res
+
+
+def table(results: list[dict]) -> str:
+    head = (f"{'model':<20}{'batch':>6}{'graph':>9}{'compile':>9}{'aten':>9}{'fused':>9}{'CP fused':>10}"
+            f"{'vs compile':>11}{'build s':>9}{'compile s':>10}{'cold':>7}{'cold c':>7}  kept (fused)")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['model']:<20}{r['batch']:>6}  FAILED {r['error'][:90]}")
+            continue
+        ms, cold, nan = r["ms"], r.get("cold", {}), float("nan")
+        lines.append(f"{r['model']:<20}{r['batch']:>6}{ms['model graph']:>9.3f}{ms['torch.compile']:>9.3f}"
+                     f"{ms['capturer aten']:>9.3f}{ms['capturer fused']:>9.3f}{r['fused_critical_path_ms']:>10.3f}"
+                     f"{r['fused_vs_compile']:>10.2f}x{r['fused_build_s']:>9.1f}{r['torch_compile_s']:>10.1f}"
+                     f"{cold.get('fused_cold_s', nan):>7.0f}{cold.get('torch_compile_cold_s', nan):>7.0f}"
+                     f"  {r['fused_kept']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="out", help="output folder")
+    parser.add_argument("--models", default=DEFAULT, help="model:batch, comma-separated")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=15, help="alternating samples of each callable at the end")
+    parser.add_argument("--name", default="bench_fused.json")
+    parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
+    parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
+    parser.add_argument("--prebuild", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import torch
+
+    start = time.perf_counter()
+    deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.prebuild:
+        name, _, batch = args.prebuild.partition(":")
+        try:
+            res = prebuild(name, int(batch))
+        except Exception as err:
+            res = {"error": f"{type(err).__name__}: {err}"}
+        (out / "prebuild" / f"{name}_{batch}.json").write_text(json.dumps(res) + "\n")
+        return 0
+    items = []
+    for item in [m.strip() for m in args.models.split(",") if m.strip()]:
+        name, _, batch = item.partition(":")
+        items.append((name, int(batch or 1)))
+    if args.prebuild_jobs > 0:
+        prebuild_all(items, out, args.prebuild_jobs, deadline)
+    path = out / args.name
+    doc = json.loads(path.read_text()) if path.exists() else {"results": []}
+    doc.update(device=torch.cuda.get_device_name(), torch=torch.__version__,
+               settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
+    done = {(r["model"], r["batch"]) for r in doc["results"] if "error" not in r}
+    for name, batch_size in items:
+        if (name, batch_size) in done:
+            continue
+        if time.perf_counter() > deadline:
+            print("deadline reached", flush=True)
+            break
+        start = time.perf_counter()
+        print(f"{name}:{batch_size}", flush=True)
+        try:
+            res = bench(name, batch_size, args)
+        except Exception as err:  # one model's failure is a result too
+            traceback.print_exc()
+            res = {"model": name, "batch": batch_size, "error": f"{type(err).__name__}: {err}"}
+        res["wall_s"] = time.perf_counter() - start
+        doc["results"] = [r for r in doc["results"] if (r["model"], r["batch"]) != (name, batch_size)] + [res]
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(table([res]), flush=True)
+    print(table(doc["results"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

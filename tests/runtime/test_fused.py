@@ -1,0 +1,138 @@
+"""Compiler-fused regions on the CPU (Inductor compiles for the CPU too): outputs equal the model's,
+a region Inductor cannot compile falls back to its ATen operators, a saved cut is reused, bad
+choices are one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from opbench import OpBenchError
+
+torch = pytest.importorskip("torch")
+
+
+class Block(torch.nn.Module):
+    """An inception-style block: three branches of one input (one of them two convolutions), concatenated."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(c, c, 1)
+        self.b = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.c1 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        x = torch.relu(x)
+        return torch.cat([torch.relu(self.a(x)), torch.sigmoid(self.b(x)), self.c2(torch.relu(self.c1(x)))], 1)
+
+
+@torch.fx.wrap
+def _host_side(x):
+    torch._dynamo.graph_break()  # Inductor cannot compile this with fullgraph=True
+    return x * 2
+
+
+class WithGraphBreak(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return _host_side(self.block(x))
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    return Block().eval(), torch.randn(1, 8, 10, 10)
+
+
+def test_fused_regions_equal_the_model_under_every_schedule(block):
+    from opbench.runtime.backend import KernelBackend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import SCHEDULERS, get_scheduler
+
+    model, x = block
+    backend = KernelBackend.create("fused", model, [x])
+    assert backend.name == "fused" and not backend.fallbacks and backend.compile_s > 0
+    region_ops = [r for r in backend.regions]
+    assert len(region_ops) == 1 + 3 + 1  # the stem, one region per branch, the concatenation
+    assert sum(n.kind == "region" for n in backend.graph) == len(region_ops)
+    with torch.no_grad():
+        expected = model(x)
+    for name in SCHEDULERS:
+        schedule = get_scheduler(name).schedule(backend.graph)
+        torch.testing.assert_close(ParallelExecutor(backend, schedule).run()[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
+    from opbench.runtime.backend import KernelBackend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    model, x = WithGraphBreak().eval(), torch.randn(1, 8, 6, 6)
+    with caplog.at_level("WARNING", logger="opbench"):
+        backend = KernelBackend.create("fused", model, [x])
+    assert len(backend.fallbacks) == 1
+    assert sum("runs its ATen operators" in r.message for r in caplog.records) == 1  # logged once
+    out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()
+    with torch.no_grad():
+        torch.testing.assert_close(out[0], model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path):
+    from opbench import capturer, optimize
+    from opbench.schedule import Schedule
+
+    model, x = block
+    plan = optimize(x, model, kernels="fused", repeat=2, number=2, schedulers=["sequential", "greedy"])
+    assert plan.meta["kernels"] == "fused" and plan.meta["regions"]
+    rows = {r["schedule"] for r in plan.meta["table"]}
+    assert {"torch.compile", "sequential", "greedy"} <= rows  # torch.compile is a measured row
+    plan.save(tmp_path / "s.json")
+    again = capturer(x, model, kernels="fused", schedule=tmp_path / "s.json", repeat=2, number=2)
+    assert again.backend.cut == "saved" and again.backend.regions == Schedule.load(tmp_path / "s.json").meta["regions"]
+    kept = next(r for r in again.table if r["kept"])
+    baselines = [r["latency_ms"] for r in again.table if r["schedule"] in ("model, eager", "torch.compile")]
+    assert len(baselines) == 2 and kept["latency_ms"] <= min(baselines)  # never slower than a baseline
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-5)
+    other = Block(4).eval()
+    with pytest.raises(OpBenchError, match="another graph|does not match"):
+        capturer(torch.randn(1, 4, 10, 10), other, kernels="fused", schedule=tmp_path / "s.json")
+
+
+def test_bad_kernels_and_cuts_are_one_line(block):
+    from opbench import capturer
+    from opbench.pipeline.compile import torch_backend
+
+    model, x = block
+    with pytest.raises(OpBenchError, match=r"unknown kernels 'bogus' \(accepted: aten, fused\)"):
+        capturer(x, model, kernels="bogus")
+    with pytest.raises(OpBenchError, match="unknown region cut 'thin'"):
+        torch_backend(model, [x], kernels="fused", cut="thin")
+    with pytest.raises(OpBenchError, match="IOS's merge applies to ATen kernels"):
+        torch_backend(model, [x], merge="all", kernels="fused")
+
+
+def test_the_blocks_cut_times_the_operators_and_merges_what_is_not_worth_splitting(block):
+    """``cut="blocks"`` times each traced operator alone; with a gain threshold no block can reach,
+    every branch joins one region, and the outputs still equal the model's."""
+    from opbench.ir.regions import fx_operator_dag
+    from opbench.pipeline.compile import torch_backend
+    from opbench.runtime.backend import KernelBackend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    model, x = block
+    backend = torch_backend(model, [x], kernels="fused", cut="blocks")
+    assert backend.cut == "blocks" and 1 <= len(backend.regions) <= 5
+    ops, _ = fx_operator_dag(torch.fx.symbolic_trace(model).graph)
+    merged = KernelBackend.create("fused", model, [x], cut="blocks", costs=[1e-6] * len(ops), min_gain_s=1.0)
+    assert len(merged.regions) == 1
+    with torch.no_grad():
+        expected = model(x)
+    for b in (backend, merged):
+        out = ParallelExecutor(b, get_scheduler("greedy").schedule(b.graph)).run()[0]
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
