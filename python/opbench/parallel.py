@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OpBenchError
-from .pipeline.compare import evaluate, host_arrays, table_rows
+from .pipeline.compare import check_sm_partition, evaluate, host_arrays, table_rows
 from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
@@ -49,13 +49,14 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
             timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
-            compiled: bool | None = None, cut: str = "auto") -> tuple[
+            compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> tuple[
                 KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
     import torch
 
     inputs = _check_order(inputs, model, caller)
     given = _load_schedule(schedule)
     check_kernels(kernels)
+    check_sm_partition(sm_partition)
     clock = time.perf_counter()
     baselines: list[Any] = [CapturedModel(model, inputs)]
     with torch.no_grad():
@@ -77,23 +78,25 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     if kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
     plan, rows = evaluate(backend, schedulers, None, host_arrays(leaves), repeat, number, tolerance,
-                          mode=mode, baseline=baselines, schedule=given, timer=timer, phases=phases)
+                          mode=mode, baseline=baselines, schedule=given, timer=timer, phases=phases,
+                          sm_partition=sm_partition)
     return backend, baselines, plan, rows, structure
 
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto") -> Schedule:
+             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> Schedule:
     """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
     ``schedule.meta["beats_model"]`` says whether the schedule beat every baseline (else
     :func:`capturer` would return the fastest baseline). For ``kernels="fused"`` the schedule records
-    the region cut (``meta["regions"]``), so that passing it back skips the cut and the search.
+    the region cut (``meta["regions"]``), so that passing it back skips the cut and the search; a
+    partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
     """
     _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                               number, timer, {}, merge, kernels, compiled, cut)
+                               number, timer, {}, merge, kernels, compiled, cut, sm_partition)
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -122,7 +125,7 @@ class CapturedSchedule:
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto") -> Any:
+             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
@@ -139,7 +142,10 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     ``build_s`` (seconds this call took), ``phases`` (where they went: ``torch_compile_s``,
     ``regions_compile_s``, ...) and ``trace``. ``merge`` applies IOS's merge first (ATen kernels):
     ``True`` or ``"all"`` merges every group of sibling convolutions, ``"ios"`` the groups where IOS's
-    dynamic programme finds merging faster (:func:`opbench.pipeline.compile.ios_merges`). Every
+    dynamic programme finds merging faster (:func:`opbench.pipeline.compile.ios_merges`).
+    ``sm_partition="auto"`` also measures the best parallel schedule with SM partitions (CUDA green
+    contexts: the critical path's stream keeps most SMs, the other branches share the rest; off with
+    one INFO line where green contexts are missing). Every
     measured row is ``repeat`` samples of ``number`` runs (the median is compared). ``backend`` and
     ``baselines`` are what was measured (the regions of ``kernels="fused"`` are ``backend.regions``).
 
@@ -151,7 +157,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     try:
         backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
                                                             tolerance, repeat, number, timer, phases, merge, kernels,
-                                                            compiled, cut)
+                                                            compiled, cut, sm_partition)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)

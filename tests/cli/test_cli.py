@@ -222,6 +222,9 @@ def test_compare_command_errors(tmp_path):
     assert proc.returncode == 2 and "unknown --cut 'thin' (accepted: auto, branches, blocks, whole)" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "fused", script=False)
     assert proc.returncode == 2 and "use them with --backend torch" in proc.stderr
+    proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--sm-partition", "on", script=False)
+    assert proc.returncode == 2 and "unknown SM partition mode 'on' (accepted: off, auto)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_false_really_is_false(tmp_path):

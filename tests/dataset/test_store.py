@@ -41,7 +41,7 @@ def test_rows_written_and_read(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3" and meta["created_by"].startswith("opbench ")
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "4" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
@@ -100,19 +100,19 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     _v1_file(path)
     before = sha(path)
     with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
-        assert ds.schema_version() == 3
+        assert ds.schema_version() == 4
         (op,) = ds.rows("operators")
         (model,) = ds.rows("models")
     backup = tmp_path / "old.sqlite.v1-backup"
     assert sha(backup) == before  # the backup is the original, byte for byte
     assert [r.message for r in caplog.records if "migrated" in r.message] == [
-        f"migrated dataset {path} from schema version 1 to 3; the original is kept as {backup}"]
+        f"migrated dataset {path} from schema version 1 to 4; the original is kept as {backup}"]
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "3", "migrated_from": "1"}
+    assert meta == {"schema_version": "4", "migrated_from": "1"}
     # a v2 key can never be one of these: migrated workloads are marked
     with Dataset(path) as ds:
         assert not ds.has("operators", {**KEY, "op_index": 0})
@@ -165,7 +165,7 @@ def _junk(path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (_junk, "not an OpBench dataset (not an SQLite file)"),
     (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
-    (_newer, "schema version 99, newer than this OpBench reads (3)"),
+    (_newer, "schema version 99, newer than this OpBench reads (4)"),
     (_foreign_column, "table 'operators' has foreign columns secret"),
     (_foreign_table, "foreign tables: extra"),
 ])
@@ -301,17 +301,44 @@ def test_export_errors(tmp_path):
         export(tmp_path / "d.sqlite", "csv", tmp_path / "o.csv", ["ops"])
 
 
-def test_v2_gains_the_trials_table(tmp_path):
+def _old_dataset(path, version):
+    """An empty dataset as version 2 or 3 wrote it (no trials table in 2, no SM-partition co-run columns)."""
     from opbench.dataset.schema import create_statements
 
-    path = tmp_path / "v2.sqlite"
     with contextlib.closing(sqlite3.connect(path)) as conn:
         for stmt in create_statements():
-            if "CREATE TABLE trials" not in stmt:
+            if version >= 3 or "CREATE TABLE trials" not in stmt:
                 conn.execute(stmt)
-        conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+        for column in ("partitioned_s", "partition_sms"):
+            conn.execute(f"ALTER TABLE corun DROP COLUMN {column}")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
         conn.commit()
+
+
+def test_v2_gains_the_trials_table(tmp_path):
+    path = tmp_path / "v2.sqlite"
+    _old_dataset(path, 2)
     with Dataset(path) as ds:
         ds.put("operators", _row(0))
-        assert ds.schema_version() == 3 and ds.count("trials") == 0
+        assert ds.schema_version() == 4 and ds.count("trials") == 0
     assert (tmp_path / "v2.sqlite.v2-backup").is_file()
+
+
+def test_v3_gains_the_partition_columns_of_corun(tmp_path):
+    path = tmp_path / "v3.sqlite"
+    _old_dataset(path, 3)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("INSERT INTO corun (workload_id, device_id, config, l2_flush, group_key, speedup) "
+                     "VALUES ('w', 'd', 'default', 0, 'g', 1.5)")
+        conn.commit()
+    with Dataset(path, readonly=True) as ds:  # read only: migrated in memory, the file stays version 3
+        assert ds.schema_version() == 4
+    with Dataset(path) as ds:
+        assert ds.schema_version() == 4
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(corun)")]
+        row = conn.execute("SELECT speedup, partitioned_s, partition_sms FROM corun").fetchone()
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
+    assert cols[-2:] == ["partitioned_s", "partition_sms"] and row == (1.5, None, None)
+    assert meta == {"schema_version": "4", "migrated_from": "3"}
+    assert (tmp_path / "v3.sqlite.v3-backup").is_file()

@@ -138,6 +138,10 @@ def add_schedule_flags(p: Any) -> None:
     g.add_argument("--schedule", default=None, metavar="FILE",
                    help="a schedule saved earlier for this model (--save-schedule): no search, it is measured "
                         "beside sequential; a schedule of another graph is refused")
+    g.add_argument("--sm-partition", default="off", metavar="{off,auto}",
+                   help="auto: also measure the best parallel schedule with its streams confined to disjoint "
+                        "groups of SMs (CUDA green contexts; needs the cuda-bindings package and driver 12.4+: the "
+                        "critical path's stream keeps most SMs, the other branches share the rest); off: none")
 
 
 def dataset_path(args: argparse.Namespace) -> str:
@@ -158,13 +162,14 @@ def load_model(args: argparse.Namespace) -> Any:
 def compare_options(args: argparse.Namespace) -> Any:
     """The compare job's options from the schedule flags (:func:`add_schedule_flags`), checked before any
     work (unknown schedulers or costs, a schedule file that does not read)."""
-    from ..pipeline.compare import CompareOptions
+    from ..pipeline.compare import CompareOptions, check_sm_partition
     from ..schedule import Schedule
 
     options = CompareOptions(schedulers=args.schedulers, ios_cost=args.ios_cost, cost=args.cost,
                              predictor=args.predictor, ios_time_limit=args.ios_time_limit,
                              repeat=args.compare_repeat, number=args.compare_number,
-                             schedule=Schedule.load(args.schedule) if args.schedule else None, stages=args.stages)
+                             schedule=Schedule.load(args.schedule) if args.schedule else None, stages=args.stages,
+                             sm_partition=check_sm_partition(args.sm_partition))
     options.scheduler_names()
     return options
 

@@ -161,9 +161,12 @@ def format_tuning(tuning: dict[str, Any]) -> str:
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     """The comparison table: schedule, streams, events, latency, speedup, error, scheduling and
-    predicted time (``-`` where a row was not measured or does not apply)."""
-    head = (f"{'schedule':<18}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}"
-            f"{'sched ms':>10}{'pred ms':>10}")
+    predicted time (``-`` where a row was not measured or does not apply), and each stream group's SMs
+    when some schedule is SM-partitioned."""
+    width = max([18, *(len(r["schedule"]) + 2 for r in rows)])
+    partitioned = any(r.get("sm", "-") != "-" for r in rows)
+    head = (f"{'schedule':<{width}}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}"
+            f"{'sched ms':>10}{'pred ms':>10}" + ("  SMs (streams=SMs)" if partitioned else ""))
     lines = [head, "-" * len(head)]
 
     def num(value: Any, fmt: str, width: int) -> str:
@@ -171,9 +174,10 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
 
     for r in rows:
         mark = " *" if r.get("kept") else ""
-        lines.append(f"{r['schedule']:<18}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
+        sms = f"  {r.get('sm', '-'):<17}" if partitioned else ""
+        lines.append(f"{r['schedule']:<{width}}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
                      f"{num(r.get('speedup'), '.2f', 9)}{num(r['error'], '.1e', 10)}"
-                     f"{num(r['scheduling_ms'], '.1f', 10)}{num(r.get('predicted_ms'), '.4f', 10)}{mark}")
+                     f"{num(r['scheduling_ms'], '.1f', 10)}{num(r.get('predicted_ms'), '.4f', 10)}{sms}{mark}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Schema migrations: each older version's columns, and how its rows become current rows.
 
-Version 2 → 3 adds the ``trials`` table.
+Version 2 → 3 adds the ``trials`` table; 3 → 4 adds two ``corun`` columns (``partitioned_s``,
+``partition_sms``: the group run with each operator on its own SM partition).
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -16,7 +17,7 @@ import sqlite3
 from collections.abc import Iterator
 
 from ..utils import digest
-from .schema import SCHEMA_VERSION, TABLES, columns_of, create_statements, create_table
+from .schema import _SQL_TYPES, SCHEMA_VERSION, TABLES, columns_of, create_statements, create_table
 
 _V1_ENV = ["device", "cpu_model", "cpu_cores", "gpu_name", "gpu_sm_count", "gpu_memory_mb", "gpu_driver",
            "cuda_runtime", "gpu_clock_start_mhz", "gpu_clock_end_mhz", "tvm_version", "opbench_version",
@@ -38,11 +39,13 @@ _V1 = {
               "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
               "error", *_V1_ENV],
 }
-_V3 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V4 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_CORUN_V4 = ["partitioned_s", "partition_sms"]
+_V3 = {t: [c for c in cols if t != "corun" or c not in _CORUN_V4] for t, cols in _V4.items()}
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # schema version -> {table: columns}
-KNOWN = {1: _V1, 2: _V2, 3: _V3}
+KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def _v1_keys(row: dict) -> dict:
@@ -67,15 +70,19 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
     """Migrate an open dataset from ``version`` to the current one, in one transaction."""
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise ValueError(f"no migration from schema version {version}")
     with transaction(conn):
         if version == 1:
             _from_v1(conn)
-        else:
+            return
+        if version == 2:
             conn.execute(create_table("trials"))
-            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', '2')")
+        kinds = dict(TABLES["corun"][0])
+        for column in _CORUN_V4:
+            conn.execute(f"ALTER TABLE corun ADD COLUMN {column} {_SQL_TYPES[kinds[column]]}")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', ?)", (str(version),))
 
 
 def _from_v1(conn: sqlite3.Connection) -> None:

@@ -1,4 +1,4 @@
-"""The dataset schema (version 3). Documented column by column in ``docs/dataset.md``.
+"""The dataset schema (version 4). Documented column by column in ``docs/dataset.md``.
 
 Tables
 ------
@@ -6,7 +6,7 @@ meta        key/value: ``schema_version``, ``created_by``, ``migrated_from``.
 runs        one row per invocation: command line, environment tags, start/end, status.
 operators   one row per measured operator: features, latency, resources.
 models      one row per measured model: whole-model latency from the Relax VM, correctness check.
-corun       one row per co-run group (several operators launched together).
+corun       one row per co-run group (several operators launched together; with SM partitions, version 4).
 trials      one row per candidate schedule measured while tuning (version 3).
 
 Keys
@@ -30,7 +30,7 @@ The readable columns (``source``, ``model``, ``batch_size``, ``target``, ``workl
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -78,7 +78,7 @@ CORUN_COLUMNS = READABLE_COLUMNS + [
     ("kinds", "JSON"), ("features", "JSON"), ("sequential_s", "REAL"), ("concurrent_s", "REAL"),
     ("speedup", "REAL"), ("solo_s", "JSON"), ("slowdowns", "JSON"), ("repeats", "INTEGER"),
     ("status", "TEXT"), ("error", "TEXT"),
-] + ENV_COLUMNS
+] + ENV_COLUMNS + [("partitioned_s", "REAL"), ("partition_sms", "JSON")]  # version 4: appended by the migration
 
 TRIAL_COLUMNS = READABLE_COLUMNS + [
     ("task", "TEXT"), ("task_weight", "INTEGER"), ("tuner", "TEXT"), ("trial", "INTEGER"),

@@ -14,6 +14,12 @@ schedule with the scheduling cost's simulation and measures only the best predic
 sequential and the baseline; ``"exhaustive"`` (or an explicit list of schedulers) measures every
 listed scheduler, IOS included.
 
+With ``sm_partition="auto"`` (CUDA, with green contexts), the best measured parallel schedule is
+also measured with SM partitions (:class:`opbench.schedule.SmPartitioner`: the critical path's
+stream keeps the SMs it needs, the other branches share the rest; the best predicted few are
+measured), and a partitioned row is kept like any other. Without green contexts this is one INFO
+line and no partitioned row.
+
 A schedule carries the fingerprint of the graph it was made for and the device's name
 (``meta["graph"]``, ``meta["device"]``); given back, it skips the search, and a schedule of another
 graph is refused.
@@ -42,6 +48,7 @@ DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
 #: the schedulers of the fast mode: each schedules a 300-operator graph in milliseconds
 FAST_SCHEDULERS = ("sequential", "greedy", "nimble", "opara")
 MODES = ("fast", "exhaustive")
+SM_PARTITIONS = ("off", "auto")  # SM partitions of the best parallel schedule: never, or the best few measured
 IOS_COSTS = ("model", "measured")  # IOS's stage cost: the scheduling cost's model, or every stage measured
 COSTS = ("measured", "predicted")  # operator costs of the ios and greedy schedulers
 PREDICTED = ("ios", "greedy")  # the schedulers that take predicted costs
@@ -78,7 +85,7 @@ def _row(name: str, latency_ms: float | None, error: float | None, sched_error: 
          predicted_ms: float | None, plan: Schedule | None, streams: int, events: int) -> dict[str, Any]:
     return {"schedule": name, "streams": streams, "events": events, "latency_ms": latency_ms, "error": error,
             "sched_error": sched_error, "scheduling_ms": scheduling_ms, "predicted_ms": predicted_ms,
-            "measured": True, "plan": plan}
+            "measured": True, "plan": plan, "sm": plan.partition_label() if plan is not None else "-"}
 
 
 def _scheduled(backend: KernelBackend, items: Sequence[Any], cost: SchedulingCost,
@@ -112,14 +119,16 @@ def _worth_measuring(scheduled: list[tuple[Schedule, float]], predicted: list[fl
 
 
 def _plan_key(schedule: Schedule) -> tuple[Any, ...]:
-    return (tuple(schedule.stream_of), tuple(schedule.order), tuple(schedule.events))
+    return (tuple(schedule.stream_of), tuple(schedule.order), tuple(schedule.events),
+            tuple(schedule.sm_groups or ()), tuple(schedule.sm_group_of or ()))
 
 
 def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
              reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
              tolerance: float = 0.02, mode: str = "exhaustive", baseline: Any = None,
              schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
-             phases: dict[str, float] | None = None) -> tuple[Schedule, list[dict[str, Any]]]:
+             phases: dict[str, float] | None = None, sm_partition: str = "off",
+             ) -> tuple[Schedule, list[dict[str, Any]]]:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
 
     Parameters
@@ -149,6 +158,9 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         ``timer(label, run)`` returns seconds per call of ``run`` (default: CUDA events on the GPU).
     phases:
         Filled with the seconds spent timing operators, scheduling and measuring, when given.
+    sm_partition:
+        ``"auto"``: also measure the best parallel schedule with up to ``measure_top + 1`` SM
+        partitions (the best predicted of each SM budget; see the module docstring); ``"off"``: none.
 
     Returns
     -------
@@ -157,6 +169,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     """
     if mode not in MODES:
         raise OpBenchError(f"unknown mode '{mode}' (accepted: {', '.join(MODES)})")
+    check_sm_partition(sm_partition)
     named = schedulers is not None
     items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
     timer = timer or default_timer(backend.is_cuda, repeat, number)
@@ -182,23 +195,18 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         rows.append(_row(base.label, median(timer(base.label, base.run_once)) * 1e3,
                          relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
         rows[-1]["baseline"] = base
-    sequential_out: list[np.ndarray] | None = None
+    measured = _Measure(backend, timer, reference)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, **backend.schedule_meta()})
         row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
                    plan.num_streams, plan.num_events)
         if i in measure:
-            executor = ParallelExecutor(backend, plan)
-            outputs = host_arrays(executor.run())
-            sequential_out = sequential_out or outputs
-            reference = reference if reference is not None else outputs
-            run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
-            row.update(latency_ms=median(timer(plan.name, run)) * 1e3, error=relative_error(outputs, reference),
-                       sched_error=relative_error(outputs, sequential_out))
-            del executor
+            measured(row)
         else:
             row["measured"] = False
         rows.append(row)
+    if sm_partition == "auto" and schedule is None:
+        rows += _partitioned_rows(backend, rows, cost, measured, measure_top + 1, phases)
     phases["measuring_s"] = time.perf_counter() - clock
     _decide(rows, tolerance)
     kept = next((r for r in rows if r["kept"] and r["plan"] is not None), None)
@@ -206,6 +214,64 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
                    key=lambda r: r["latency_ms"])
     return kept["plan"], rows
+
+
+class _Measure:
+    """Runs and times one schedule's row (outputs checked against the reference and the sequential run,
+    the first schedule measured)."""
+
+    def __init__(self, backend: KernelBackend, timer: Timer, reference: Sequence[np.ndarray] | None) -> None:
+        self.backend, self.timer, self.reference = backend, timer, reference
+        self.sequential: list[np.ndarray] | None = None
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        plan = row["plan"]
+        executor = ParallelExecutor(self.backend, plan)
+        outputs = host_arrays(executor.run())
+        self.sequential = self.sequential or outputs
+        self.reference = self.reference if self.reference is not None else outputs
+        run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
+        row.update(latency_ms=median(self.timer(plan.name, run)) * 1e3, error=relative_error(outputs, self.reference),
+                   sched_error=relative_error(outputs, self.sequential))
+
+
+def check_sm_partition(value: str) -> str:
+    """``value`` if it is one of :data:`SM_PARTITIONS`, else a one-line error naming the choices."""
+    if value not in SM_PARTITIONS:
+        raise OpBenchError(f"unknown SM partition mode '{value}' (accepted: {', '.join(SM_PARTITIONS)})")
+    return value
+
+
+def _partitioned_rows(backend: KernelBackend, rows: list[dict[str, Any]], cost: SchedulingCost, measure: _Measure,
+                      top: int, phases: dict[str, float]) -> list[dict[str, Any]]:
+    """The best measured parallel schedule with up to ``top`` SM partitions (one per budget), measured."""
+    from ..runtime import green
+    from ..schedule import SmPartitioner
+
+    if not backend.is_cuda:
+        green.say_off("SM partitions are off on the CPU: its streams are threads")
+        return []
+    if not green.available():
+        return []
+    parallel = [r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5
+                and r["plan"].num_streams > 1]
+    if not parallel:
+        log.info("SM partitions: no parallel schedule was measured to partition")
+        return []
+    base = min(parallel, key=lambda r: r["latency_ms"])
+    clock = time.perf_counter()
+    shape = green.layout()
+    partitioner = SmPartitioner(shape["sm_count"], shape["granularity"], partitionable=shape["partitionable"])
+    variants = partitioner.candidates(base["plan"], cost, top)
+    phases["partitioning_s"] = time.perf_counter() - clock
+    log.info("SM partitions of %s: measuring %d (the best predicted of each SM budget)", base["schedule"],
+             len(variants))
+    out = []
+    for plan, predicted in variants:
+        row = _row(plan.name, None, None, None, 0.0, predicted * 1e3, plan, plan.num_streams, plan.num_events)
+        measure(row)
+        out.append(row)
+    return out
 
 
 def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
@@ -345,6 +411,7 @@ class CompareOptions:
     number: int = 20
     schedule: Schedule | None = None
     stages: bool = False
+    sm_partition: str = "off"
 
     def scheduler_names(self) -> list[str]:
         """The schedulers checked (unknown names and inconsistent costs fail before any work), sequential first."""
@@ -463,7 +530,7 @@ def compare(backend: KernelBackend, options: CompareOptions | None = None,
     log.info("comparing %s on %d operators", what, len(backend.graph))
     kept, rows, bound = evaluate_with_bound(backend, schedulers_for(backend, options), repeat=options.repeat,
                                             number=options.number, latencies=latencies, baseline=baseline,
-                                            schedule=options.schedule)
+                                            schedule=options.schedule, sm_partition=options.sm_partition)
     stages = stage_tables(backend, rows, options.repeat) if options.stages else None
     return CompareResult(backend, kept, rows, bound, stages)
 
@@ -516,7 +583,7 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     return backend, baselines
 
 
-__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "CompareOptions",
-           "CompareResult", "check_schedule", "choices", "compare", "critical_path", "evaluate", "evaluate_with_bound",
-           "host_arrays", "load_predictors", "model_backend", "operator_latencies", "scheduling_cost",
-           "schedulers_for", "stage_tables", "table_rows"]
+__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "SM_PARTITIONS",
+           "CompareOptions", "CompareResult", "check_schedule", "check_sm_partition", "choices", "compare",
+           "critical_path", "evaluate", "evaluate_with_bound", "host_arrays", "load_predictors", "model_backend",
+           "operator_latencies", "scheduling_cost", "schedulers_for", "stage_tables", "table_rows"]

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import signals
 from ..errors import OpBenchError
 from ..ir import OpGraph, extract_operators
 from ..ir.merge import conv_bindings, merge_sibling_convs, sibling_groups
@@ -78,9 +79,10 @@ def compile_workload(workload: Workload, target: Any, database: str | Path | Non
     ``device`` is the measuring device when it is not this machine (its limits shape the tuning
     tasks, which must match the records'); ``mod`` replaces the workload's module (a rewritten one,
     e.g. merged convolutions). A database without a record for any task leaves the default
-    schedules, with a warning.
+    schedules, with a warning. A Ctrl-C or SIGTERM during extraction takes effect when it returns.
     """
-    lowered, graph = extract_operators(workload.mod if mod is None else mod, target)
+    with signals.deferred():  # a signal inside TVM's passes is raised once they return, never mid-pass
+        lowered, graph = extract_operators(workload.mod if mod is None else mod, target)
     applied = None
     if database is not None:
         from tvm.s_tir import meta_schedule as ms

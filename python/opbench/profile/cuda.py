@@ -277,6 +277,7 @@ class CudaProfiler(Profiler):
 
         seq = self.time_launch(sequential, config)
         conc = self.time_launch(concurrent(False), config)
+        partitioned, partition_sms = self._partitioned(kernels, group, prepared, config)
         slowdowns = None
         try:  # per-operator time inside the concurrent run, from events captured in the graph
             graph = self.capture(concurrent(True))
@@ -297,4 +298,34 @@ class CudaProfiler(Profiler):
             "speedup": seq.median / conc.median if conc.median > 0 else None,
             "solo_s": [self._solo[i].median for i in group], "slowdowns": slowdowns,
             "repeats": config.repeat, "l2_flush": int(config.flush_l2), "status": "ok", "error": None,
+            "partitioned_s": partitioned, "partition_sms": partition_sms,
         }
+
+    def _partitioned(self, kernels: OperatorKernels, group: Sequence[int], prepared: Sequence[Any],
+                     config: TimingConfig) -> tuple[float | None, list[int] | None]:
+        """Seconds of ``group`` run concurrently with each operator confined to its own equal share of
+        the SMs (disjoint green-context partitions, whole granules), and the shares; ``(None, None)``
+        where green contexts are missing (one INFO line) or the GPU has too few SMs for the group."""
+        from ..runtime import green
+
+        if not green.available("co-runs with SM partitions"):
+            return None, None
+        shape = green.layout()
+        share = shape["partitionable"] // len(group) // shape["granularity"] * shape["granularity"]
+        if share < shape["granularity"]:
+            return None, None
+        torch = self.torch
+        try:
+            parts = green.partitions([share] * len(group))
+            streams = [parts.stream(g) for g in range(len(group))]
+
+            def body() -> None:
+                for stream, i, (args, outs) in zip(streams, group, prepared, strict=True):
+                    with self.tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
+                        kernels.call(i, args, outs)
+
+            timing = self.time_launch(lambda: fork_join(torch.cuda.current_stream(), streams, body), config)
+        except Exception as err:  # the row keeps its other measurements
+            log.warning("co-run with SM partitions of %s failed: %s", list(group), str(err).splitlines()[0])
+            return None, None
+        return timing.median, [share] * len(group)

@@ -6,6 +6,11 @@ streams; operators are launched in the schedule's global order, each on its stre
 events of its cross-stream producers; the workers join back into the capture stream. Replays then
 copy new inputs into the static inputs. On the CPU (llvm) each stream is a thread and events are
 ``threading.Event``. Timing a run lives in :mod:`opbench.profile.schedule`.
+
+A schedule with an SM partition (``Schedule.sm_groups``) launches each confined stream's operators
+on a green-context stream of its group (:mod:`.green`); one refused by the GPU (more SMs than it has,
+sizes it cannot split) is an error, and where green contexts are missing (no ``cuda-bindings``, an
+older driver, the CPU) the schedule runs unpartitioned after one INFO line.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..schedule import Schedule
+from . import green
 from .backend import KernelBackend
 from .graphs import CapturedGraph, capture_graph, fork_join
 
@@ -34,6 +40,16 @@ class ParallelExecutor:
         for u, v in schedule.events:
             self._waits[v].append(u)
         self._records = {u for u, _ in schedule.events}
+        self._partitions: green.SmPartitions | None = None
+        if self.schedule.partitioned and backend.is_cuda and green.available():
+            shape = green.layout()
+            import torch
+
+            self.schedule.check_sm(shape["partitionable"], shape["granularity"],
+                                   f"{torch.cuda.get_device_name()} ({shape['sm_count']} SMs)")
+            self._partitions = green.partitions(self.schedule.sm_groups)
+        elif self.schedule.partitioned and not backend.is_cuda:
+            green.say_off("SM partitions are off on the CPU: its streams are threads")
 
     # GPU -------------------------------------------------------------------------------------
     def launch_all(self, origin: Any) -> None:
@@ -43,7 +59,7 @@ class ParallelExecutor:
 
         if not self._streams:
             used = max(self.schedule.stream_of, default=0) + 1
-            self._streams = [torch.cuda.Stream(priority=self.priorities.get(i, 0)) for i in range(used)]
+            self._streams = [self._stream(i) for i in range(used)]
         used_streams = [self._streams[s] for s in sorted(set(self.schedule.stream_of))]
 
         def body() -> None:
@@ -60,6 +76,17 @@ class ParallelExecutor:
                     done[op] = event
 
         fork_join(origin, used_streams, body)
+
+    def _stream(self, index: int) -> Any:
+        """Stream ``index``: its SM group's green stream when the schedule confines it, else a new stream."""
+        import torch
+
+        priority = self.priorities.get(index, 0)
+        group = self.schedule.sm_group_of[index] if self._partitions is not None else None
+        if group is None:
+            return torch.cuda.Stream(priority=priority)
+        rank = sum(1 for s in range(index) if self.schedule.sm_group_of[s] == group)
+        return self._partitions.stream(group, rank, priority)
 
     def capture(self) -> ParallelExecutor:
         """Warm up once on the streams, then capture the whole schedule in a CUDA Graph."""

@@ -16,6 +16,7 @@ from .greedy import Greedy
 from .ios import IOS
 from .nimble import Nimble
 from .opara import Opara
+from .partition import SmPartitioner, critical_ops
 from .sequential import Sequential
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
@@ -34,4 +35,5 @@ def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
 
 
 __all__ = ["IOS", "SCHEDULERS", "SchedulingCost", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
-           "Sequential", "WithCost", "cross_stream_events", "get_scheduler", "transitive_reduction"]
+           "Sequential", "SmPartitioner", "WithCost", "critical_ops", "cross_stream_events", "get_scheduler",
+           "transitive_reduction"]

@@ -2,7 +2,9 @@
 
 A schedule is plain data: for each operator a stream and a position in one global launch order
 (topological), plus the cross-stream edges that need an event (record after the producer, wait
-before the consumer). IOS-style stages (stage -> groups -> operators) are optional metadata.
+before the consumer). IOS-style stages (stage -> groups -> operators) are optional metadata, and so is an SM partition:
+disjoint groups of SMs (``sm_groups``, sizes) and, for each stream, the group it is confined to
+(``sm_group_of``; ``None``: the whole GPU). Streams may share a group.
 """
 
 from __future__ import annotations
@@ -26,6 +28,44 @@ class Schedule:
     events: list[tuple[int, int]]
     stages: list[list[list[int]]] | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sm_groups: list[int] | None = None
+    sm_group_of: list[int | None] | None = None
+
+    @property
+    def partitioned(self) -> bool:
+        """True when some stream is confined to a group of SMs."""
+        return bool(self.sm_groups) and any(g is not None for g in self.sm_group_of or [])
+
+    def sms_of(self, stream: int) -> int | None:
+        """The SMs stream ``stream`` may use (None: the whole GPU)."""
+        if not self.partitioned or stream >= len(self.sm_group_of or []):
+            return None
+        group = self.sm_group_of[stream]
+        return None if group is None else self.sm_groups[group]
+
+    def partition_label(self) -> str:
+        """The partition in one line: ``streams=SMs`` per group (``-`` for none), e.g. ``0=88; 1-3,5=32``."""
+        if not self.partitioned:
+            return "-"
+        used = sorted(set(self.stream_of))
+        parts = []
+        for g, n in enumerate(self.sm_groups):
+            streams = [s for s in used if s < len(self.sm_group_of) and self.sm_group_of[s] == g]
+            if streams:
+                parts.append((streams[0], f"{_ranges(streams)}={n}"))
+        return "; ".join(text for _, text in sorted(parts)) or "-"
+
+    def with_partition(self, groups: list[int], group_of: list[int | None], name: str | None = None) -> Schedule:
+        """A copy of this schedule whose streams are confined as ``groups``/``group_of`` say."""
+        copy = dataclasses.replace(self, name=name or self.name, meta=dict(self.meta), sm_groups=list(groups),
+                                   sm_group_of=list(group_of))
+        return copy
+
+    def check_sm(self, sm_count: int, granularity: int, device: str = "this GPU") -> Schedule:
+        """Refuse a partition the device cannot make (more SMs than it has, sizes it cannot split)."""
+        if self.partitioned:
+            check_sm_sizes(self.sm_groups, sm_count, granularity, f"schedule '{self.name}'", device)
+        return self
 
     @property
     def num_streams(self) -> int:
@@ -43,8 +83,11 @@ class Schedule:
         return streams
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "stream_of": self.stream_of, "order": self.order,
+        data = {"name": self.name, "stream_of": self.stream_of, "order": self.order,
                 "events": [list(e) for e in self.events], "stages": self.stages, "meta": self.meta}
+        if self.partitioned:
+            data["sm_partition"] = {"groups": list(self.sm_groups), "streams": list(self.sm_group_of)}
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> Schedule:
@@ -85,7 +128,9 @@ class Schedule:
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
             raise OpBenchError("bad schedule data: 'meta' must be an object")
-        return cls(name=data["name"], stream_of=stream_of, order=order, events=pairs, stages=stages, meta=dict(meta))
+        groups, group_of = _sm_partition(data.get("sm_partition"), max(stream_of, default=0) + 1)
+        return cls(name=data["name"], stream_of=stream_of, order=order, events=pairs, stages=stages, meta=dict(meta),
+                   sm_groups=groups, sm_group_of=group_of)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -122,6 +167,9 @@ class Schedule:
                                f"{len(self.order)}; the graph has {n}")
         if any(s < 0 for s in self.stream_of):
             raise OpBenchError(f"schedule '{self.name}' has a negative stream number")
+        if self.partitioned:
+            _sm_partition({"groups": self.sm_groups, "streams": self.sm_group_of}, max(self.stream_of, default=0) + 1,
+                          f"schedule '{self.name}'")
         pos = {op: i for i, op in enumerate(self.order)}
         for u, v in self.events:
             if not (0 <= u < n and 0 <= v < n) or pos[u] >= pos[v]:
@@ -150,6 +198,8 @@ class Schedule:
     def describe(self) -> str:
         """Stage by stage (IOS style) when stages are known, else stream by stream."""
         lines = [f"schedule {self.name}: {self.num_streams} streams, {self.num_events} events"]
+        if self.partitioned:
+            lines[0] += f", SMs by stream: {self.partition_label()}"
         if self.stages:
             for i, stage in enumerate(self.stages):
                 groups = " | ".join(" -> ".join(str(op) for op in g) for g in stage)
@@ -159,6 +209,52 @@ class Schedule:
                 if ops:
                     lines.append(f"  stream {s}: {' '.join(str(op) for op in ops)}")
         return "\n".join(lines)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """Sorted integers with runs of three or more shortened: ``[0, 2, 3, 4, 7, 8]`` -> ``0,2-4,7,8``."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in runs)
+
+
+def check_sm_sizes(sizes: list[int], sm_count: int, granularity: int, what: str = "SM partitions",
+                   device: str = "this GPU") -> None:
+    """Refuse SM group sizes a device cannot make: each a positive multiple of ``granularity``, together
+    no more than the ``sm_count`` SMs it can partition."""
+    for n in sizes:
+        if n <= 0 or n % granularity:
+            raise OpBenchError(f"{what}: a group of {n} SMs asked for; {device} makes groups of whole multiples "
+                               f"of {granularity} SMs")
+    if sum(sizes) > sm_count:
+        raise OpBenchError(f"{what}: {sum(sizes)} SMs ({'+'.join(map(str, sizes))}) asked for; {device} can "
+                           f"partition {sm_count}")
+
+
+def _sm_partition(value: Any, streams: int, what: str = "bad schedule data") -> tuple[Any, Any]:
+    """``sm_groups`` and ``sm_group_of`` from a schedule's ``sm_partition`` object (None: no partition)."""
+    if value is None:
+        return None, None
+    prefix = f"{what}: 'sm_partition'"
+    if not isinstance(value, dict) or set(value) != {"groups", "streams"}:
+        raise OpBenchError(f"{prefix} must be an object with 'groups' (SMs of each group) and 'streams' (each "
+                           "stream's group, or null for the whole GPU)")
+    groups = _int_list(value["groups"], "sm_partition.groups")
+    if not groups or any(n <= 0 for n in groups):
+        raise OpBenchError(f"{prefix}: 'groups' must list positive SM counts, got {groups}")
+    of = value["streams"]
+    if not isinstance(of, list) or any(g is not None and type(g) is not int for g in of):
+        raise OpBenchError(f"{prefix}: 'streams' must list a group index or null for each stream")
+    if len(of) != streams:
+        raise OpBenchError(f"{prefix}: 'streams' has {len(of)} entries; the schedule has {streams} streams")
+    for s, g in enumerate(of):
+        if g is not None and not 0 <= g < len(groups):
+            raise OpBenchError(f"{prefix}: stream {s} is in group {g}, outside 0..{len(groups) - 1}")
+    return list(groups), list(of)
 
 
 def _no_constant(name: str) -> Any:

@@ -13,7 +13,10 @@ of its operators (the GPU cannot run more than full), plus a small fork/join cos
 A whole schedule's latency (:meth:`SchedulingCost.predict`) is a fluid simulation: each stream
 runs its operators in order, an operator starts once its stream is free and its cross-stream
 producers have finished, and operators running together share the GPU: while their demands add
-up to more than one, each progresses at ``1 / sum(demands)`` of its alone speed.
+up to more than one, each progresses at ``1 / sum(demands)`` of its alone speed. A schedule with an
+SM partition confines a stream's operators to a share ``c`` of the GPU (its group's SMs over all):
+an operator of demand ``d > c`` runs ``d / c`` times slower alone and fills only ``c``; operators of
+one group share its SMs, and operators on the whole GPU spread over every SM, partitions included.
 """
 
 from __future__ import annotations
@@ -127,7 +130,11 @@ class SchedulingCost:
         ``timeline``, when given, receives ``(operator, stream, start, end)`` for every operator.
         """
         started: dict[int, float] = {}
-        streams = [list(ops) for ops in schedule.stream_ops() if ops]
+        numbers = [s for s, ops in enumerate(schedule.stream_ops()) if ops]
+        streams = [list(schedule.stream_ops()[s]) for s in numbers]
+        sms_of = getattr(schedule, "sms_of", None)
+        share = [min(1.0, sms / self.sm_count) if sms_of and (sms := sms_of(s)) else 1.0 for s in numbers]
+        group = [schedule.sm_group_of[s] if share[i] < 1.0 else None for i, s in enumerate(numbers)]
         waits: dict[int, list[int]] = {}
         for u, v in schedule.events:
             waits.setdefault(v, []).append(u)
@@ -147,18 +154,27 @@ class SchedulingCost:
                     started[op] = now
             if not running:
                 break
-            load = sum(self.demand(op) for op in running)
-            rate = 1.0 / max(1.0, load)
-            first = min(running, key=running.__getitem__)
-            step = running[first] / rate
+            fill = {op: min(self.demand(op), share[running_on[op]]) for op in running}
+            load = sum(fill.values())
+            rate = {}
+            for op in running:
+                s = running_on[op]
+                alone = min(1.0, share[s] / max(self.demand(op), 1e-9))
+                busy = load
+                if group[s] is not None:  # its group's SMs: its own group's work over the group's share
+                    mates = sum(fill[o] for o in running if group[running_on[o]] == group[s])
+                    busy = max(load, mates / share[s])
+                rate[op] = alone / max(1.0, busy)
+            first = min(running, key=lambda op: running[op] / rate[op])
+            step = running[first] / rate[first]
             now += step
             for op in list(running):
-                running[op] -= step * rate
+                running[op] -= step * rate[op]
                 if op == first or running[op] <= 1e-12:
                     del running[op]
                     stream = running_on.pop(op)
                     head[stream] += 1
                     finished.add(op)
                     if timeline is not None:
-                        timeline.append((op, stream, started[op], now))
+                        timeline.append((op, numbers[stream], started[op], now))
         return now + self.fork_s * (len(streams) - 1)
