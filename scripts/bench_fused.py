@@ -1,6 +1,7 @@
 """Fusion and parallelism together: ``capturer(kernels="fused")`` against ``torch.compile`` and the rest.
 
-For each model and batch size, in ONE process and on the same inputs (PyTorch's default precision):
+For each model and batch size, in ONE process and on the same inputs (PyTorch's default precision, or
+the model and its inputs cast to ``--dtype``):
 
 * the model captured as it is in one CUDA Graph ("model graph");
 * ``torch.compile(model, mode="reduce-overhead")``, with its compile seconds;
@@ -40,16 +41,17 @@ DEFAULT = ("googlenet:1,inception_v3:1,nasnet:1,randwire:1,squeezenet_v1.0:1,res
 BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
 
 
-def load(name: str, batch: int):
-    """(model on the GPU, inputs): a zoo model (no TVM import), or BERT from its config."""
-    import torch
+DTYPE = "float32"  # --dtype
 
+
+def load(name: str, batch: int):
+    """(model on the GPU, inputs) in ``--dtype``: a zoo model (no TVM import), or BERT from its config."""
     from opbench.models import get_source, load_workload
 
     if name in ("bert", "bert-small", "roberta", "gpt2"):
-        w = load_workload("transformers", name, batch)
-        return w.torch_module.cuda().eval(), [torch.from_numpy(x).cuda() for x in w.example_inputs()]
-    model, x = get_source("local").torch_model(name, batch)
+        w = load_workload("transformers", name, batch, dtype=DTYPE)
+        return w.torch_module.cuda().eval(), w.torch_inputs(0, "cuda")
+    model, x = get_source("local").torch_model(name, batch, dtype=DTYPE)
     return model.cuda().eval(), [x.cuda()]
 
 
@@ -86,7 +88,7 @@ def prebuild_all(items: list[tuple[str, int]], out: Path, jobs: int, deadline: f
     while todo or running:
         while todo and len(running) < jobs:
             n, b = todo.pop(0)
-            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}"]
+            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtype", DTYPE]
             running.append((subprocess.Popen(cmd, env=env), time.perf_counter()))
         time.sleep(1)
         running = [(p, t) for p, t in running if p.poll() is None]
@@ -117,7 +119,7 @@ def bench(name: str, batch: int, args) -> dict:
 
     torch.manual_seed(0)
     model, inputs = load(name, batch)
-    res: dict = {"model": name, "batch": batch}
+    res: dict = {"model": name, "batch": batch, "dtype": DTYPE}
     with torch.no_grad():
         ref = model(*inputs)
     own = CapturedModel(model, inputs)
@@ -197,9 +199,14 @@ def main() -> int:
     parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
     parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="float32", help="float32 (PyTorch's default precision), float16, bfloat16")
     args = parser.parse_args()
     import torch
 
+    from opbench.models import check_dtype
+
+    global DTYPE
+    DTYPE = check_dtype(args.dtype)
     start = time.perf_counter()
     deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
     out = Path(args.out)

@@ -15,6 +15,8 @@ longest with default kernels are listed with their default, tuned and ATen (PyTo
     PYTHONPATH=python python3 scripts/bench_tuning.py --model resnet-18 --target llvm --trials 64 --out DIR
     PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-time 600 --phase tune
     PYTHONPATH=python python3 scripts/bench_tuning.py --model googlenet --target cuda --tune-time 1 --torch --out DIR
+    PYTHONPATH=python python3 scripts/bench_tuning.py --model resnet-50 --dtype float16 --target cuda --torch \
+        --tune-tasks 10 --trials 32 --skip-default-compare --out DIR
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ CLI = [sys.executable, "-m", "opbench"]
 
 
 def _run(args: list[str], log: Path) -> subprocess.CompletedProcess:
+    """Run the CLI, its output going to ``log`` and to stdout line by line (a run cut short keeps it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     print("+", " ".join(args), flush=True)
-    with open(log, "a") as out:
-        proc = subprocess.run([*CLI, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-        out.write(proc.stdout)
-    print(proc.stdout[-6000:], flush=True)
-    return proc
+    lines = []
+    with open(log, "a") as out, subprocess.Popen([*CLI, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            print(line, end="", flush=True)
+            lines.append(line)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), None)
 
 
 def _row(schedules: list[dict], name: str) -> dict:
@@ -56,16 +62,16 @@ def _best(schedules: list[dict]) -> dict:
 
 def top_operators(tasks: list[dict], tvm_ops: list[dict], torch_ops: list[dict] | None, n: int = 10
                   ) -> list[dict]:
-    """The ``n`` operators slowest with default kernels: default, tuned and (matched by position
-    among the convolutions, output shapes checked) ATen time of the same convolution."""
+    """The ``n`` operators slowest with default kernels: default, tuned and (matched by position among
+    the convolutions, and among the matmuls, output shapes checked) ATen time of the same operator."""
     by_task = {t["func"]: t for t in tasks}
     aten: dict[int, float] = {}
-    if torch_ops:
-        convs = [o for o in tvm_ops if "conv" in o["kind"]]
-        theirs = [o for o in torch_ops if "conv" in o["kind"]]
-        pairs = list(zip(convs, theirs, strict=False)) if len(convs) == len(theirs) else []
+    for kind in ("conv", "matmul"):
+        mine = [o for o in tvm_ops if kind in o["kind"]]
+        theirs = [o for o in torch_ops or [] if kind in o["kind"]]
+        pairs = list(zip(mine, theirs, strict=False)) if len(mine) == len(theirs) else []
         if pairs and all(a["output_shape"] == b["output_shape"] for a, b in pairs):
-            aten = {a["index"]: b["alone_ms"] for a, b in pairs}
+            aten.update({a["index"]: b["alone_ms"] for a, b in pairs})
     rows = []
     for op in tvm_ops:
         task = by_task.get(op["name"])
@@ -93,14 +99,13 @@ def format_top(rows: list[dict]) -> str:
 
 def pytorch_reference(args: argparse.Namespace) -> dict:
     """The model in PyTorch, measured like ``scripts/bench_parallel.py`` does (same settings)."""
-    import torch
     from bench_parallel import torch_baselines
 
     from opbench.models import load_workload
 
-    workload = load_workload(args.source, args.model, int(args.batchsize))
+    workload = load_workload(args.source, args.model, int(args.batchsize), dtype=args.dtype)
     module = workload.torch_module.cuda().eval()
-    x = torch.from_numpy(workload.example_inputs()[0]).cuda()
+    x = workload.torch_inputs(0, "cuda")[0]
     res: dict = {}
     torch_baselines(module, x, res, args.compare_repeat or 10, args.compare_number or 20)
     return res
@@ -121,6 +126,7 @@ def main() -> int:
     p.add_argument("--source", default="local")
     p.add_argument("--target", default="llvm")
     p.add_argument("--batchsize", default="1")
+    p.add_argument("--dtype", default="float32", help="float32, float16 (tuned on tensor cores) or bfloat16")
     p.add_argument("--tuner", default="xgb")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--tune-tasks", type=int, default=None, help="tune only the N heaviest tasks")
@@ -142,7 +148,7 @@ def main() -> int:
     dataset, database = work / "tuning.sqlite", work / f"db-{args.target}"
     log = out / "bench_tuning.log"
     model = ["--modelsource", args.source, "--modelname", args.model, "--target", args.target,
-             "--batchsize", args.batchsize]
+             "--batchsize", args.batchsize, "--dtype", args.dtype]
     cpu = args.target == "llvm" or '"llvm"' in args.target
     repeat = args.compare_repeat or (3 if cpu else 10)
     number = args.compare_number or (2 if cpu else 20)
@@ -161,8 +167,8 @@ def main() -> int:
         return proc.returncode
     default = None if args.skip_default_compare else \
         _run(["compare", *model, "--backend", "tvm", *sched, "--json", str(default_json)], log)
-    summary: dict = {"model": args.model, "target": args.target, "tuner": args.tuner, "trials": args.trials,
-                     "tune_tasks": args.tune_tasks}
+    summary: dict = {"model": args.model, "target": args.target, "dtype": args.dtype, "tuner": args.tuner,
+                     "trials": args.trials, "tune_tasks": args.tune_tasks}
     collected = json.loads(tuned_json.read_text())
     tuning = collected["tuning"]
     summary["tuning"] = {k: v for k, v in tuning.items() if k != "tasks"}

@@ -11,6 +11,8 @@ over several calls (``--models``). Writes the dataset and ``DIR/collect_summary.
     PYTHONPATH=python python3 scripts/collect_dataset.py --out DIR --target cuda --models none \\
         --tune resnet-18 --tune-tasks 8 --trials 32
     PYTHONPATH=python python3 scripts/collect_dataset.py --out DIR --dataset ALL.sqlite --merge A.sqlite B.sqlite
+    PYTHONPATH=python python3 scripts/collect_dataset.py --out DIR --target cuda --dtypes float16,bfloat16 \
+        --batchsize 1,8 --models resnet-18,resnet-50,googlenet,inception_v3,mobilenet,squeezenet_v1.1
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ def collect_models(models: list[str], args: argparse.Namespace, env: dict[str, s
             "--dataset", str(args.dataset), "-q"]
     if args.target.startswith("cuda"):
         base += ["--corun", "--corun-limit", str(args.corun_limit)]
-    pending, running, results = list(models), [], {}
+    base += ["--batchsize", args.batchsize]
+    pending = [(m, d) for m in models for d in args.dtypes.split(",")]
+    running, results = [], {}
     while pending or running:
         while pending and len(running) < args.jobs:
-            name = pending.pop(0)
-            source = "simple" if name.startswith("kernels:") else "local"
-            proc = subprocess.Popen(base + ["--modelsource", source, "--modelname", name], cwd=ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            model, dtype = pending.pop(0)
+            name = model if dtype == "float32" else f"{model} {dtype}"
+            source = "simple" if model.startswith("kernels:") else "local"
+            proc = subprocess.Popen(base + ["--modelsource", source, "--modelname", model, "--dtype", dtype],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((name, proc, time.perf_counter()))
         time.sleep(0.5)
         for item in list(running):
@@ -113,8 +118,9 @@ def summary(path: Path) -> dict:
     conn = sqlite3.connect(path)
     out: dict = {"size_mb": round(path.stat().st_size / 2**20, 2)}
     for table in ("operators", "models", "corun", "trials"):
-        rows = conn.execute(f"SELECT model, device_name, COUNT(*) FROM {table} GROUP BY model, device_name")
-        out[table] = {f"{m} @ {d}": n for m, d, n in rows}
+        rows = conn.execute(f"SELECT model, dtype, batch_size, device_name, COUNT(*) FROM {table} "
+                            "GROUP BY model, dtype, batch_size, device_name")
+        out[table] = {f"{m} {t} batch {b} @ {d}": n for m, t, b, d, n in rows}
     conn.close()
     return out
 
@@ -133,6 +139,8 @@ def main() -> int:
     parser.add_argument("--kernel-from", type=int, default=1, metavar="K", help="first draw (draws K..K+S-1)")
     parser.add_argument("--jobs", type=int, default=4, help="collections at once (they take turns measuring)")
     parser.add_argument("--corun-limit", type=int, default=100, help="co-run groups per model (cuda)")
+    parser.add_argument("--dtypes", default="float32", help="precisions to collect every model in (comma-separated)")
+    parser.add_argument("--batchsize", default="1", help="batch sizes to collect every model at (e.g. 1,8)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",
                         help="only merge these datasets into --dataset (or DIR's), then summarise")
     parser.add_argument("--tune", default=None, help="a local model whose heaviest tasks are tuned")

@@ -37,6 +37,21 @@ def _load_schedule(schedule: Schedule | str | Path | None) -> Schedule | None:
     return Schedule.load(schedule)
 
 
+def _in_dtype(model: Any, inputs: list[Any], dtype: str | None) -> tuple[Any, list[Any]]:
+    """``model`` (a copy) and the floating-point ``inputs`` cast to ``dtype``; as they are for None."""
+    if dtype is None:
+        return model, inputs
+    import copy
+
+    import torch
+
+    from .models import check_dtype
+
+    target = getattr(torch, check_dtype(dtype))
+    model = copy.deepcopy(model).to(target)
+    return model, [x.to(target) if hasattr(x, "is_floating_point") and x.is_floating_point() else x for x in inputs]
+
+
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
     if callable(inputs) and not callable(model):
         raise OpBenchError(f"{caller} takes (inputs, model): the first argument is a {type(inputs).__name__}, "
@@ -49,11 +64,11 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
             timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
-            compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> tuple[
-                KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
+            compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off", dtype: str | None = None,
+            ) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
     import torch
 
-    inputs = _check_order(inputs, model, caller)
+    model, inputs = _in_dtype(model, _check_order(inputs, model, caller), dtype)
     given = _load_schedule(schedule)
     check_kernels(kernels)
     check_sm_partition(sm_partition)
@@ -86,7 +101,8 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> Schedule:
+             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off",
+             dtype: str | None = None) -> Schedule:
     """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
@@ -96,7 +112,7 @@ def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
     """
     _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                               number, timer, {}, merge, kernels, compiled, cut, sm_partition)
+                               number, timer, {}, merge, kernels, compiled, cut, sm_partition, dtype)
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -125,7 +141,8 @@ class CapturedSchedule:
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off") -> Any:
+             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off",
+             dtype: str | None = None) -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
@@ -145,7 +162,10 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     dynamic programme finds merging faster (:func:`opbench.pipeline.compile.ios_merges`).
     ``sm_partition="auto"`` also measures the best parallel schedule with SM partitions (CUDA green
     contexts: the critical path's stream keeps most SMs, the other branches share the rest; off with
-    one INFO line where green contexts are missing). Every
+    one INFO line where green contexts are missing). ``dtype`` (``float16``, ``bfloat16``, ``float32``)
+    runs a copy of the model with its weights and floating-point inputs cast to it (every operator in that
+    precision; the result casts the inputs it is given); for a model whose softmax or normalisations must
+    stay in float32, pass a model that runs under ``torch.autocast`` instead. Every
     measured row is ``repeat`` samples of ``number`` runs (the median is compared). ``backend`` and
     ``baselines`` are what was measured (the regions of ``kernels="fused"`` are ``backend.regions``).
 
@@ -157,7 +177,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     try:
         backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
                                                             tolerance, repeat, number, timer, phases, merge, kernels,
-                                                            compiled, cut, sm_partition)
+                                                            compiled, cut, sm_partition, dtype)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)

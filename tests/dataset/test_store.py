@@ -110,6 +110,7 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
+    assert op["dtype"] == model["dtype"] == "float32"  # version 1 measured float32 only
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     assert meta == {"schema_version": "4", "migrated_from": "1"}
@@ -302,7 +303,8 @@ def test_export_errors(tmp_path):
 
 
 def _old_dataset(path, version):
-    """An empty dataset as version 2 or 3 wrote it (no trials table in 2, no SM-partition co-run columns)."""
+    """An empty dataset as version 2 or 3 wrote it (no trials table in 2, no SM-partition co-run columns,
+    no dtype column)."""
     from opbench.dataset.schema import create_statements
 
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -311,6 +313,9 @@ def _old_dataset(path, version):
                 conn.execute(stmt)
         for column in ("partitioned_s", "partition_sms"):
             conn.execute(f"ALTER TABLE corun DROP COLUMN {column}")
+        for table in ("operators", "models", "corun", "trials"):
+            if version >= 3 or table != "trials":
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN dtype")
         conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
         conn.commit()
 
@@ -324,7 +329,7 @@ def test_v2_gains_the_trials_table(tmp_path):
     assert (tmp_path / "v2.sqlite.v2-backup").is_file()
 
 
-def test_v3_gains_the_partition_columns_of_corun(tmp_path):
+def test_v3_gains_the_partition_columns_of_corun_and_a_dtype(tmp_path):
     path = tmp_path / "v3.sqlite"
     _old_dataset(path, 3)
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -337,8 +342,8 @@ def test_v3_gains_the_partition_columns_of_corun(tmp_path):
         assert ds.schema_version() == 4
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(corun)")]
-        row = conn.execute("SELECT speedup, partitioned_s, partition_sms FROM corun").fetchone()
+        row = conn.execute("SELECT speedup, partitioned_s, partition_sms, dtype FROM corun").fetchone()
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
-    assert cols[-2:] == ["partitioned_s", "partition_sms"] and row == (1.5, None, None)
+    assert cols[-3:] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
     assert meta == {"schema_version": "4", "migrated_from": "3"}
     assert (tmp_path / "v3.sqlite.v3-backup").is_file()

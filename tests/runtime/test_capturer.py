@@ -227,3 +227,20 @@ def test_merge_chosen_groups_and_ios_choice():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(OpBenchError, match="unknown merge 'some'"):
         torch_backend(model, [x], "some")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_capturer_in_half_precision_equals_the_model_in_that_precision(model_and_input, dtype):
+    import copy
+
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "greedy": 0.9, "nimble": 0.5, "opara": 0.7}
+    run = capturer(x, model, dtype=dtype, mode="exhaustive", timer=fake_timer(times, 1.0))
+    assert isinstance(run, CapturedSchedule) and run.schedule.name == "nimble"
+    want = copy.deepcopy(model).to(getattr(torch, dtype))(x.to(getattr(torch, dtype)))
+    got = run(x)  # float32 inputs are cast to the model's dtype
+    assert got.dtype == getattr(torch, dtype)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is not changed
+    with pytest.raises(OpBenchError, match="unknown dtype 'int8'"):
+        capturer(x, model, dtype="int8")

@@ -164,3 +164,18 @@ def test_candidates_take_the_best_of_each_budget():
         best.setdefault(p.meta["sm_budget"], p.name)
     assert sorted(p.name for p, _ in candidates) == sorted(best.values()) and len(candidates) == 3
     assert [p.name for p, _ in part.candidates(plan, _cost(), top=1)] == [candidates[0][0].name]
+
+
+def test_the_roofline_uses_tensor_cores_for_half_precision():
+    from opbench.ir.graph import OpGraph, OpNode
+
+    def node(i, dtype):
+        return OpNode(index=i, func=f"f{i}", task=f"t{i}", kind="matmul", ops=[], attrs={}, args=[], input_shapes=[],
+                      input_dtypes=[dtype], output_shapes=[(1,)], output_dtypes=[dtype], flops=1e12, bytes=1)
+
+    graph = OpGraph([node(0, "float32"), node(1, "float16"), node(2, "bfloat16")], [], [], [])
+    cost = SchedulingCost(graph, launch_s=0.0)  # an H100's figures: 67 TFLOP/s fp32, 989 on tensor cores
+    assert cost.latency(0) == pytest.approx(1e12 / 67e12)
+    assert cost.latency(1) == pytest.approx(1e12 / 989e12) == pytest.approx(cost.latency(2))
+    other = SchedulingCost(graph, launch_s=0.0, peak_flops=20e12)  # a device without known tensor cores
+    assert other.latency(1) == pytest.approx(other.latency(0)) == pytest.approx(1e12 / 20e12)

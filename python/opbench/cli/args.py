@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from ..errors import OpBenchError
 from ..utils import announced, parse_bool
 from .format import one_line
 
@@ -95,7 +96,9 @@ def add_model_flags(p: argparse.ArgumentParser, g: Any = None) -> None:
     g.add_argument("--modelname", required=True, help="model name, ONNX path/URL (see 'opbench models')")
     g.add_argument("--target", default="llvm", help="llvm or cuda, or a JSON target such as "
                    '\'{"kind":"llvm","mcpu":"x86-64"}\'')
-    g.add_argument("--batchsize", default="1", help="batch size")
+    g.add_argument("--batchsize", default="1", help="batch size; collect takes a list (1,8,32: one workload each)")
+    g.add_argument("--dtype", default="float32", help="precision of the weights and activations: float32, float16 "
+                   "or bfloat16 (fp32, fp16, bf16); ONNX models keep their own")
     p.add_argument("--image-size", type=positive_int, default=None,
                    help="input resolution (local; default: the model's own, 224 or 299)")
     p.add_argument("--seqlen", type=positive_int, default=128, help="sequence length (transformers)")
@@ -149,14 +152,41 @@ def dataset_path(args: argparse.Namespace) -> str:
     return args.dataset or os.environ.get("OPBENCH_DATASET") or DEFAULT_DATASET
 
 
-def load_model(args: argparse.Namespace) -> Any:
-    """The workload the model flags name (:func:`add_model_flags`)."""
+def _source_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"image_size": args.image_size, "seqlen": args.seqlen, "seed": args.seed, "sha256": args.sha256,
+            "cache_dir": args.cache_dir, "max_download_mb": args.max_download_mb}
+
+
+def batch_sizes(args: argparse.Namespace) -> list[int]:
+    """``--batchsize`` as a list (``1,8,32``), each size checked and its memory estimated before any
+    model is loaded; a bad item or a size that would not fit is a one-line error."""
+    from ..models import check_batch_size, check_dtype, check_fits
+
+    text = str(args.batchsize)
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise OpBenchError(f"bad --batchsize '{text}': an empty item (accepted: positive integers, comma-separated, "
+                           "e.g. 1,8,32)")
+    sizes = list(dict.fromkeys(check_batch_size(item) for item in items))
+    check_dtype(args.dtype)
+    for size in sizes:
+        check_fits(args.modelsource, args.modelname, size, **_source_options(args))
+    return sizes
+
+
+def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
+    """The workload the model flags name (:func:`add_model_flags`), at ``batch`` (default: ``--batchsize``,
+    which must then be one size)."""
     from ..models import load_workload
 
-    with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {args.batchsize})"):
-        return load_workload(args.modelsource, args.modelname, args.batchsize, image_size=args.image_size,
-                             seqlen=args.seqlen, seed=args.seed, sha256=args.sha256, cache_dir=args.cache_dir,
-                             max_download_mb=args.max_download_mb)
+    if batch is None:
+        if "," in str(args.batchsize):
+            raise OpBenchError(f"--batchsize takes one size here, got '{args.batchsize}' (a list of sizes is for "
+                               "collect)")
+        batch = args.batchsize
+    dtype = "" if str(args.dtype) in ("float32", "fp32") else f", {args.dtype}"
+    with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {batch}{dtype})"):
+        return load_workload(args.modelsource, args.modelname, batch, dtype=args.dtype, **_source_options(args))
 
 
 def compare_options(args: argparse.Namespace) -> Any:
@@ -176,5 +206,5 @@ def compare_options(args: argparse.Namespace) -> Any:
 
 __all__ = ["DEFAULT_DATASET", "EXIT_FAILED_OPS", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
            "Formatter", "Parser", "add_common", "add_database_flag", "add_dataset_flag", "add_model_flags",
-           "add_schedule_flags", "boolean", "compare_options", "dataset_path", "load_model", "nonneg_float",
-           "nonneg_int", "positive_float", "positive_int"]
+           "add_schedule_flags", "batch_sizes", "boolean", "compare_options", "dataset_path", "load_model",
+           "nonneg_float", "nonneg_int", "positive_float", "positive_int"]

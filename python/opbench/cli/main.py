@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ from .args import (
     add_dataset_flag,
     add_model_flags,
     add_schedule_flags,
+    batch_sizes,
     boolean,
     compare_options,
     dataset_path,
@@ -197,9 +199,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
-    from ..dataset import Dataset, inspect_file
-    from ..pipeline import CollectOptions, collect
-    from ..pipeline.tune import load_pretrained, tune_and_measure
+    from ..dataset import inspect_file
+    from ..pipeline import CollectOptions
+    from ..pipeline.tune import load_pretrained
     from ..profile import TimingConfig
     from ..runtime import is_gpu, resolve_target
     from ..tune import get_tuner
@@ -232,13 +234,35 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         from ..tune.database import database_lock
 
         held.enter_context(database_lock(database_dir))
-    workload = load_model(args)
+    batches = batch_sizes(args)  # every size checked (and its memory estimated) before any is loaded
     profiler = _profiler(args, target, rpc)
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
     command = public_command([args.prog_name, *args.argv])
     options = CollectOptions(timing=timing, force=args.force, check=not args.no_check, progress=not args.quiet,
                              seed=args.seed, database=database_dir)
+    codes, summaries = [], []
+    for batch in batches:
+        if len(batches) > 1:
+            log.info("batch size %d (%d of %d)", batch, len(summaries) + 1, len(batches))
+        code, summary = _collect_point(args, load_model(args, batch), target, profiler, path, options, tuner,
+                                       command, compare)
+        codes.append(code)
+        summaries.append(summary)
+    if args.json:
+        write_json(args.json, summaries[0] if len(summaries) == 1 else summaries)
+    return max(codes)
+
+
+def _collect_point(args: argparse.Namespace, workload: Any, target: Any, profiler: Any, path: str, options: Any,
+                   tuner: Any, command: str, compare: Any) -> tuple[int, dict[str, Any]]:
+    """One workload of ``collect`` (one batch size): measured (tuned first with --iftune), printed,
+    compared with --ifcompare; its exit code and summary."""
+    from ..dataset import Dataset
+    from ..pipeline import collect
+    from ..pipeline.tune import tune_and_measure
+
+    database_dir = options.database
     tuned = None
     with Dataset(path) as dataset:
         if args.iftune:
@@ -273,9 +297,7 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
                  else "some operator has no time, timing every operator again")
         summary.update(_print_comparison(compare_job(backend, compare, latencies=latencies if known else None),
                                          args))
-    if args.json:
-        write_json(args.json, summary)
-    return EXIT_FAILED_OPS if result.failed else EXIT_OK
+    return (EXIT_FAILED_OPS if result.failed else EXIT_OK), summary
 
 
 def _collect_summary(result: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -286,7 +308,7 @@ def _collect_summary(result: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "run_id": result.run_id, "schema_version": SCHEMA_VERSION,
         "model": workload.name, "source": workload.source, "batch_size": workload.batch_size,
-        "workload": workload.fingerprint(), "workload_id": result.key["workload_id"],
+        "dtype": workload.dtype, "workload": workload.fingerprint(), "workload_id": result.key["workload_id"],
         "device_id": result.key["device_id"], "config": result.key["config"], "l2_flush": bool(args.flush_l2),
         "target": result.key["target"], "operators": len(result.graph), "unique_tasks": len(result.graph.tasks()),
         "measured": result.measured, "skipped": result.skipped, "failed": result.failed,
@@ -303,7 +325,8 @@ def _collect_line(summary: dict[str, Any], result: Any, target: Any) -> str:
     err = summary["replay_rel_error"]
     vm_from = "" if result.model_row_written else f" (from run {result.model_row['run_id']})"
     kernels = "" if result.key["config"] == "default" else f", tuned kernels {result.key['config']}"
-    return (f"{summary['model']} ({summary['source']}, batch {summary['batch_size']}, "
+    dtype = "" if summary["dtype"] == "float32" else f", {summary['dtype']}"
+    return (f"{summary['model']} ({summary['source']}, batch {summary['batch_size']}{dtype}, "
             f"{target.kind.name}{kernels}): {summary['operators']} operators, "
             f"{summary['unique_tasks']} unique tasks, {result.failed} failed; "
             f"sum of operator latencies {summary['sum_op_latency_ms']:.3f} ms; "
@@ -436,17 +459,21 @@ def cmd_configspace(args: argparse.Namespace) -> int:
     from ..pipeline.tune import extracted_tasks
     from ..runtime import resolve_target
     from ..runtime.target import tuning_target
-    from ..tune.space import task_space
+    from ..tune.space import space_kind, task_space
 
     check_output_path(args.json, "--json")
-    target = resolve_target(args.target)
+    # no device is needed to generate a design space: a CUDA target naming its arch works on any machine
+    target = resolve_target(args.target, local_device="arch" not in str(args.target))
     workload = load_model(args)
     with announced(f"generating the design spaces of {workload.name}'s tasks"):
         tasks = extracted_tasks(workload, target)
         ms_target = tuning_target(target)
-        spaces = [{**task_space(t.dispatched[0], ms_target, t.task_name), "weight": int(t.weight)} for t in tasks]
-    write_json(args.json, {"model": workload.name, "workload": workload.fingerprint(), "target": str(ms_target),
-                           "tasks": spaces, "space_size": sum(t["space_size"] for t in spaces)})
+        kind = space_kind(target, workload.dtype)
+        spaces = [{**task_space(t.dispatched[0], ms_target, t.task_name, kind), "weight": int(t.weight)}
+                  for t in tasks]
+    write_json(args.json, {"model": workload.name, "dtype": workload.dtype, "workload": workload.fingerprint(),
+                           "target": str(ms_target), "design_space": kind, "tasks": spaces,
+                           "space_size": sum(t["space_size"] for t in spaces)})
     if args.json != "-":
         print(f"wrote {args.json}: {len(spaces)} tasks, {sum(len(t['sketches']) for t in spaces)} sketches")
     return EXIT_OK
@@ -551,7 +578,13 @@ def run(argv: Sequence[str] | None = None, prog: str = "opbench") -> NoReturn:
         code = main(argv, prog)
     except KeyboardInterrupt:  # a signal after the job returned, before the handlers below take over
         code = _interrupted(prog)
-    signals.exiting(f"{prog}: interrupted while exiting; every finished measurement is in the dataset")
+    message = f"{prog}: interrupted while exiting; every finished measurement is in the dataset"
+    try:
+        signals.exiting(message)
+    except KeyboardInterrupt:  # the signal came while the handlers changed: it was recorded
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        os._exit(128 + (signals.received() or signal.SIGINT))
     sys.exit(code)
 
 

@@ -1,7 +1,8 @@
 """Schema migrations: each older version's columns, and how its rows become current rows.
 
 Version 2 → 3 adds the ``trials`` table; 3 → 4 adds two ``corun`` columns (``partitioned_s``,
-``partition_sms``: the group run with each operator on its own SM partition).
+``partition_sms``: the group run with each operator on its own SM partition) and a ``dtype`` column to
+every measurement table (``float32`` for every earlier row: no earlier version measured another).
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -41,7 +42,8 @@ _V1 = {
 }
 _V4 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
 _CORUN_V4 = ["partitioned_s", "partition_sms"]
-_V3 = {t: [c for c in cols if t != "corun" or c not in _CORUN_V4] for t, cols in _V4.items()}
+_NEW_IN_V4 = {t: (_CORUN_V4 if t == "corun" else []) + ["dtype"] for t in TABLES}
+_V3 = {t: [c for c in cols if c not in _NEW_IN_V4.get(t, [])] for t, cols in _V4.items()}
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # schema version -> {table: columns}
@@ -75,14 +77,19 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
     with transaction(conn):
         if version == 1:
             _from_v1(conn)
-            return
-        if version == 2:
-            conn.execute(create_table("trials"))
-        kinds = dict(TABLES["corun"][0])
-        for column in _CORUN_V4:
-            conn.execute(f"ALTER TABLE corun ADD COLUMN {column} {_SQL_TYPES[kinds[column]]}")
-        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', ?)", (str(version),))
+        else:
+            if version == 2:
+                conn.execute(create_table("trials"))
+            for table, columns in _NEW_IN_V4.items():
+                if version == 2 and table == "trials":
+                    continue  # made just now, with every column
+                kinds = dict(TABLES[table][0])
+                for column in columns:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_SQL_TYPES[kinds[column]]}")
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', ?)", (str(version),))
+        for table in TABLES:  # every earlier version measured float32 only
+            conn.execute(f"UPDATE {table} SET dtype='float32' WHERE dtype IS NULL")
 
 
 def _from_v1(conn: sqlite3.Connection) -> None:

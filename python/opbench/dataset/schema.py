@@ -7,6 +7,9 @@ runs        one row per invocation: command line, environment tags, start/end, s
 operators   one row per measured operator: features, latency, resources.
 models      one row per measured model: whole-model latency from the Relax VM, correctness check.
 corun       one row per co-run group (several operators launched together; with SM partitions, version 4).
+
+Version 4 also gives every measurement table a ``dtype`` column (the workload's precision: float32,
+float16 or bfloat16; rows of earlier versions are float32).
 trials      one row per candidate schedule measured while tuning (version 3).
 
 Keys
@@ -90,6 +93,13 @@ RUN_COLUMNS = [
     ("run_id", "INTEGER"), ("started_at", "TIME"), ("finished_at", "TIME"), ("status", "TEXT"),
     ("command", "TEXT"), ("env", "JSON"),
 ]
+
+#: version 4: the workload's precision, last in every measurement table (where the migration adds it)
+DTYPE_COLUMN = ("dtype", "TEXT")
+OPERATOR_COLUMNS.append(DTYPE_COLUMN)
+MODEL_COLUMNS.append(DTYPE_COLUMN)
+CORUN_COLUMNS.append(DTYPE_COLUMN)
+TRIAL_COLUMNS.append(DTYPE_COLUMN)
 
 # measurement tables: (columns, unique key)
 TABLES = {

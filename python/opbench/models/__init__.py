@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..utils import join_names
-from .base import InputSpec, ModelSource, Workload, check_batch_size
+from .base import DTYPES, InputSpec, ModelSource, Workload, check_batch_size, check_dtype, numpy_dtype
 
 _SOURCES: dict[str, ModelSource] = {}
 
@@ -43,14 +43,31 @@ def list_sources() -> dict[str, list[str]]:
 
 
 def load_workload(
-    source: str | ModelSource, name: str, batch_size: Any = 1, **options: Any
+    source: str | ModelSource, name: str, batch_size: Any = 1, dtype: str = "float32", **options: Any
 ) -> Workload:
-    """Load ``name`` from ``source`` at ``batch_size``; options go to the source's ``load``."""
+    """Load ``name`` from ``source`` at ``batch_size`` in precision ``dtype`` (:data:`DTYPES`); options go
+    to the source's ``load``."""
     src = get_source(source)
     if not name:
         raise OpBenchError(f"no model name given for source '{src.name}'")
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise OpBenchError(f"model name {name!r} contains a control character (accepted: printable text)")
+    batch = check_batch_size(batch_size)
+    dtype = check_dtype(dtype)
+    if dtype not in src.dtypes:
+        raise OpBenchError(f"source '{src.name}' keeps each model's own dtypes; --dtype {dtype} does not apply "
+                           f"(accepted for it: {', '.join(src.dtypes)}; export the model in {dtype} instead)")
+    check_fits(src, name, batch, **options)
+    workload = src.load(name, batch, **options) if dtype == "float32" else src.load(name, batch, dtype=dtype,
+                                                                                     **options)
+    workload.dtype = dtype
+    return workload
+
+
+def check_fits(source: str | ModelSource, name: str, batch_size: int, **options: Any) -> None:
+    """Refuse ``name`` at ``batch_size`` when the source's memory estimate exceeds the memory available
+    (one line; nothing is allocated)."""
+    src = get_source(source)
     batch = check_batch_size(batch_size)
     need = src.estimate_bytes(name, batch, **options)
     if need:
@@ -61,7 +78,6 @@ def load_workload(
             raise OpBenchError(
                 f"{src.name} model '{name}' at batch size {batch} needs about {need / 2**30:.1f} GiB of memory, "
                 f"more than the {have / 2**30:.1f} GiB available (lower --batchsize, --image-size or the model's size)")
-    return src.load(name, batch, **options)
 
 
 def _register_builtin() -> None:
@@ -77,11 +93,15 @@ def _register_builtin() -> None:
 
 
 __all__ = [
+    "DTYPES",
     "InputSpec",
     "ModelSource",
     "Workload",
+    "check_dtype",
+    "check_fits",
     "get_source",
     "list_sources",
     "load_workload",
+    "numpy_dtype",
     "register_source",
 ]

@@ -19,6 +19,11 @@ def import_torch() -> Any:
     return torch
 
 
+def torch_dtype(dtype: str) -> Any:
+    """The ``torch.dtype`` of a dtype name (``float32``, ``float16``, ``bfloat16``)."""
+    return getattr(import_torch(), dtype)
+
+
 def calibrate_batchnorm(module: Any, shape: Sequence[int], seed: int = 0, batch: int = 2) -> None:
     """Re-estimate batch-norm statistics on one random batch, then switch to eval mode.
 

@@ -10,6 +10,29 @@ import numpy as np
 from ..errors import OpBenchError
 from ..utils import digest, join_names
 
+#: the precisions a model can be measured in (its weights, activations and floating-point inputs)
+DTYPES = ("float32", "float16", "bfloat16")
+_DTYPE_NAMES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+
+def check_dtype(value: Any) -> str:
+    """``value`` as one of :data:`DTYPES` (``fp32``, ``fp16``, ``half``, ``bf16`` accepted too), else a
+    one-line error naming the choices."""
+    text = str(value).strip().lower()
+    text = _DTYPE_NAMES.get(text, text)
+    if text not in DTYPES:
+        raise OpBenchError(f"unknown dtype '{value}' (accepted: {', '.join(DTYPES)}; or fp32, fp16, bf16)")
+    return text
+
+
+def numpy_dtype(dtype: str) -> Any:
+    """The NumPy dtype of a dtype name (``bfloat16`` through ``ml_dtypes``, as TVM uses it)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
@@ -23,7 +46,7 @@ class InputSpec:
         """Random data for this input (token ids for integer inputs)."""
         if self.dtype.startswith("int"):
             return rng.integers(0, 100, size=self.shape).astype(self.dtype)
-        return rng.standard_normal(self.shape).astype(self.dtype)
+        return rng.standard_normal(self.shape).astype("float32").astype(numpy_dtype(self.dtype))
 
 
 @dataclasses.dataclass
@@ -48,6 +71,10 @@ class Workload:
         Every option that changes the graph or its weights, defaults filled in (image size,
         sequence length, seed, a synthetic model's parameters, an ONNX file's SHA-256). With the
         source, name, batch size and inputs they make the workload's fingerprint.
+    dtype:
+        The precision of the weights and activations (:data:`DTYPES`; an ONNX model's own is
+        ``float32`` here). Part of the fingerprint when it is not ``float32`` (so float32 keys are
+        those of earlier versions).
     """
 
     name: str
@@ -58,14 +85,18 @@ class Workload:
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     torch_module: Any = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
 
     def fingerprint(self) -> dict[str, Any]:
-        """What makes this workload what it is (see :attr:`options`); equal for equal graphs."""
-        return {
+        """What makes this workload what it is (see :attr:`options` and :attr:`dtype`); equal for equal graphs."""
+        found = {
             "source": self.source, "model": self.name, "batch_size": self.batch_size,
             "inputs": [[s.name, list(s.shape), s.dtype] for s in self.inputs],
             "options": {k: self.options[k] for k in sorted(self.options)},
         }
+        if self.dtype != "float32":
+            found["dtype"] = self.dtype
+        return found
 
     def readable(self) -> dict[str, Any]:
         """:meth:`fingerprint` for the dataset's readable ``workload`` column (see :func:`readable_fingerprint`)."""
@@ -80,6 +111,18 @@ class Workload:
         """Seeded random inputs matching :attr:`inputs`."""
         rng = np.random.default_rng(seed)
         return [spec.random(rng) for spec in self.inputs]
+
+    def torch_inputs(self, seed: int = 0, device: str = "cpu") -> list[Any]:
+        """:meth:`example_inputs` as PyTorch tensors on ``device`` (bfloat16 ones too, which NumPy lacks)."""
+        import torch
+
+        out = []
+        for x in self.example_inputs(seed):
+            if x.dtype.name == "bfloat16":
+                out.append(torch.from_numpy(x.astype(np.float32)).to(device=device, dtype=torch.bfloat16))
+            else:
+                out.append(torch.from_numpy(x).to(device))
+        return out
 
 
 READABLE_INPUTS = 16
@@ -103,6 +146,8 @@ class ModelSource:
 
     name: str = ""
     aliases: tuple[str, ...] = ()
+    #: the dtypes ``load(..., dtype=...)`` can build (a source that keeps a model's own says float32 only)
+    dtypes: tuple[str, ...] = DTYPES
 
     def models(self) -> list[str]:
         """The model names this source accepts (for error messages and ``opbench models``)."""

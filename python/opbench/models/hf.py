@@ -58,6 +58,9 @@ class TransformersSource(ModelSource):
         Sequence length (default 128).
     seed : int
         Seed of the random weights (default 0).
+    dtype : str
+        ``float32`` (default), ``float16`` or ``bfloat16``: imported in float32, then the Relax module
+        and the PyTorch module are cast (the inputs stay token ids).
     """
 
     name = "transformers"
@@ -67,7 +70,8 @@ class TransformersSource(ModelSource):
         return sorted(_MODELS)
 
     def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
-        from ._torch import export_to_relax, import_torch
+        from ..ir.precision import cast_module
+        from ._torch import export_to_relax, import_torch, torch_dtype
 
         torch = import_torch()
         key = name.strip().lower()
@@ -97,7 +101,9 @@ class TransformersSource(ModelSource):
         wrapped = LastHidden(model).eval()
         shape = (batch_size, seqlen)
         ids = torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(seed))
-        mod = export_to_relax(wrapped, (ids,))
+        dtype = options.get("dtype") or "float32"
+        mod = cast_module(export_to_relax(wrapped, (ids,)), dtype)  # imported in float32, then cast
+        wrapped = wrapped.to(torch_dtype(dtype))
         return Workload(
             name=key,
             source=self.name,

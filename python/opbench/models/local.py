@@ -78,6 +78,10 @@ class LocalSource(ModelSource):
         Override the input resolution (default 224, 299 for inception_v3).
     seed : int
         Seed of the random weights (default 0).
+    dtype : str
+        ``float32`` (default), ``float16`` or ``bfloat16``: the model is calibrated and imported in
+        float32, then the Relax module (:func:`opbench.ir.precision.cast_module`) and the PyTorch module
+        are cast, so every operator runs in that precision.
     """
 
     name = "local"
@@ -95,32 +99,36 @@ class LocalSource(ModelSource):
     def torch_model(self, name: str, batch_size: int = 1, **options: Any) -> tuple[Any, Any]:
         """The PyTorch model (seeded weights, batch-norm statistics re-estimated, eval mode) and an
         example input, without importing it into TVM (what a PyTorch-only workflow needs)."""
-        from ._torch import calibrate_batchnorm, import_torch
+        from ._torch import calibrate_batchnorm, import_torch, torch_dtype
 
         torch = import_torch()
         builder, default_size = _ZOO[self.canonical(name)]
         size = int(options.get("image_size") or default_size)
         seed = int(options.get("seed") or 0)
+        dtype = torch_dtype(options.get("dtype") or "float32")
         torch.manual_seed(seed)
         module = builder()
         shape = (batch_size, 3, size, size)
         calibrate_batchnorm(module, shape, seed)
-        return module, torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        return module.to(dtype), torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
     def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
-        from ._torch import export_to_relax
+        from ..ir.precision import cast_module
+        from ._torch import export_to_relax, torch_dtype
 
         key = self.canonical(name)
         size = int(options.get("image_size") or _ZOO[key][1])
         seed = int(options.get("seed") or 0)
-        module, example = self.torch_model(key, batch_size, **options)
+        dtype = options.get("dtype") or "float32"
+        module, example = self.torch_model(key, batch_size, **{**options, "dtype": "float32"})
         shape = tuple(example.shape)
-        mod = export_to_relax(module, (example,))
+        mod = cast_module(export_to_relax(module, (example,)), dtype)  # TVM imports convolutions as float32
+        module = module.to(torch_dtype(dtype))
         return Workload(
             name=key,
             source=self.name,
             mod=mod,
-            inputs=[InputSpec("x", shape, "float32")],
+            inputs=[InputSpec("x", shape, dtype)],
             batch_size=batch_size,
             provenance={"builder": key, "image_size": size, "seed": seed, "weights": "random"},
             torch_module=module,

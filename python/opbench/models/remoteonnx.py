@@ -267,6 +267,8 @@ class OnnxSource(ModelSource):
         Download cache (default ``$OPBENCH_CACHE/onnx`` or ``~/.cache/opbench/onnx``).
     """
 
+    dtypes = ("float32",)  # an ONNX model keeps the dtypes it was exported with
+
     name = "remoteonnx"
     aliases = ("onnx",)
 

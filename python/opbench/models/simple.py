@@ -40,6 +40,9 @@ class _Builder:
         self.bb = relax.BlockBuilder()
         self.rng = np.random.default_rng(seed)
 
+    def spec(self, name: str, shape: tuple[int, ...]) -> InputSpec:
+        return InputSpec(name, shape)
+
     def weight(self, *shape: int, fan_in: int) -> Any:
         data = self.rng.standard_normal(shape).astype("float32") / np.sqrt(fan_in)
         return self.relax.const(data)
@@ -62,14 +65,14 @@ class _Builder:
 
 def _matmul(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputSpec]:
     n = int(opts.get("n", 1024))
-    spec = InputSpec("x", (batch, n, n))
+    spec = b.spec("x", (batch, n, n))
     op = b.relax.op
     return b.module(spec, lambda x: b.bb.emit(op.matmul(x, b.weight(n, n, fan_in=n)))), spec
 
 
 def _matmul_matmul_add(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputSpec]:
     n = int(opts.get("n", 1024))
-    spec = InputSpec("x", (batch, n, n))
+    spec = b.spec("x", (batch, n, n))
     op = b.relax.op
 
     def body(x: Any) -> Any:
@@ -82,7 +85,7 @@ def _matmul_matmul_add(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[A
 
 def _ios_block(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputSpec]:
     c, size = int(opts.get("channels", 64)), int(opts.get("size", 28))
-    spec = InputSpec("x", (batch, c, size, size))
+    spec = b.spec("x", (batch, c, size, size))
 
     def body(x: Any) -> Any:
         a = b.conv(x, c, c, 3)
@@ -98,7 +101,7 @@ def _branchy(b: _Builder, batch: int, opts: dict[str, str]) -> tuple[Any, InputS
     c, size = int(opts.get("channels", 64)), int(opts.get("size", 28))
     if branches < 1 or depth < 1 or c < 1 or size < 1:
         raise OpBenchError("branchy options must be positive integers")
-    spec = InputSpec("x", (batch, 3, size, size))
+    spec = b.spec("x", (batch, 3, size, size))
 
     def body(x: Any) -> Any:
         stem = b.conv(x, 3, c, 3)
@@ -145,13 +148,19 @@ class SimpleSource(ModelSource):
         if base not in _MODELS:
             raise self.unknown(name)
         opts = self.options(base, opt_text)
+        from ..ir.precision import cast_module
+
         seed = int(options.get("seed") or 0)
+        dtype = options.get("dtype") or "float32"
         mod, spec = _MODELS[base][0](_Builder(seed), batch_size, opts)
+        mod = cast_module(mod, dtype)  # built in float32 and cast, as the other sources are
+        specs = [InputSpec(s.name, s.shape, dtype if s.dtype == "float32" else s.dtype)
+                 for s in (spec if isinstance(spec, list) else [spec])]
         return Workload(
             name=base,
             source=self.name,
             mod=mod,
-            inputs=spec if isinstance(spec, list) else [spec],
+            inputs=specs,
             batch_size=batch_size,
             provenance={"builder": base, "options": opts, "seed": seed},
             options={**opts, "seed": seed},

@@ -44,12 +44,16 @@ class CollectOptions:
     timing: TimingConfig = dataclasses.field(default_factory=TimingConfig)
     force: bool = False
     check: bool = True
-    tolerance: float = 1e-5
+    tolerance: float | None = None
     progress: bool = True
     seed: int = 0
     measure_vm: bool = True
     database: str | Path | None = None
     exclude: set[str] = dataclasses.field(default_factory=set)
+
+
+#: how far the per-operator replay may differ from the Relax VM, by dtype (relative error)
+REPLAY_TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
 
 
 @dataclasses.dataclass
@@ -131,7 +135,7 @@ def measurement_key(workload: Workload, target: Any, config: str = "default", l2
     return model_key(workload.workload_id, device_id(target, device), config, l2_flush,
                      source=workload.source, model=workload.name, batch_size=workload.batch_size,
                      workload=workload.readable(), target=canonical_target(target),
-                     device_name=device["device_name"] if device else device_name(target))
+                     device_name=device["device_name"] if device else device_name(target), dtype=workload.dtype)
 
 
 def _phase(message: str, *args: Any) -> None:
@@ -179,7 +183,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         if options.check:
             _phase("checking the per-operator replay against the Relax VM")
             error = relative_error(outputs, flatten_outputs(vm["main"](*inputs)))
-            if error > options.tolerance:
+            if error > (options.tolerance if options.tolerance is not None else REPLAY_TOLERANCE[workload.dtype]):
                 log.warning("per-operator replay differs from the Relax VM: relative error %.3g", error)
         resources = profiler.resources(kernels)
         tasks = graph.tasks()

@@ -567,11 +567,10 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     if workload.torch_module is None:
         raise OpBenchError(f"--backend {kind} needs a torch model; source '{workload.source}' has none "
                            "(accepted sources: local, transformers)")
-    import torch
 
     device = "cuda" if is_gpu(target) else "cpu"
     module = workload.torch_module.to(device).eval()
-    inputs = [torch.from_numpy(x).to(device) for x in workload.example_inputs(seed)]
+    inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]
     if kernels == "fused" if compiled is None else compiled:
         log.info("compiling %s with torch.compile (the torch.compile row)", workload.name)

@@ -255,6 +255,7 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path,
     from ..runtime.startup import import_tensor_intrinsics
     from ..tune.database import WriteCheck, open_database, records_for, valid_secs
     from ..tune.measure import CheckedCostModel, SignalCheck, TrialRecorder
+    from ..tune.space import space_kind
 
     database = open_database(database_dir)
     written = WriteCheck(database_dir)  # MetaSchedule does not report a failed write (a full disk)
@@ -273,8 +274,9 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path,
         ranked = sorted(extracted, key=lambda t: -(order or {}).get(t.task_name, 0.0) * weight[t.task_name])
         chosen = ranked[:tasks_limit] if tasks_limit else ranked
         total = len(chosen)
-        log.info("tuning %d of %d tasks with '%s', up to %d trials each; database %s", total, len(extracted),
-                 tuner.name, trials, database_dir)
+        space = space_kind(target, workload.dtype)
+        log.info("tuning %d of %d tasks with '%s', up to %d trials each%s; database %s", total, len(extracted),
+                 tuner.name, trials, " on tensor cores" if space != "default" else "", database_dir)
         work_dir = str(database_dir / "logs")
         parts: list[Any] = []  # the builder's and runner's worker processes, stopped however the run ends
         try:
@@ -320,8 +322,7 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path,
                 recorder = TrialRecorder(sink, best_s=min(valid_before, default=None), on_batch=report)
                 strategy = tuner.strategy(trials)
                 _quiet_metaschedule()
-                contexts, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    [task], work_dir, strategy=strategy, num_threads="physical")
+                contexts = _tune_contexts(ms, task, work_dir, space, strategy)
                 # the rows first: a batch whose rows cannot be written adds no record to the database
                 callbacks = [recorder, *ms.measure_callback.MeasureCallback.create("default"), SignalCheck()]
                 try:
@@ -345,6 +346,29 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path,
                     part.close()
         run.status = "ok"
         return TuningRun(tuner.name, trials, done, time.perf_counter() - start, database_dir, extracted)
+
+
+def _tune_contexts(ms: Any, task: Any, work_dir: str, space: str, strategy: Any) -> list[Any]:
+    """The task's tune context in design space ``space``; where MetaSchedule cannot build that space
+    for this task (its tensor-core rules raise on some fused operators), the ordinary space, with one
+    warning naming the task."""
+    from ..tune.space import design_space
+
+    def contexts(kind: str) -> list[Any]:
+        made, _weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            [task], work_dir, space=design_space(kind), strategy=strategy, num_threads="physical")
+        return made
+
+    made = contexts(space)
+    if space == "default":
+        return made
+    try:
+        made[0].generate_design_space()
+    except Exception as err:  # a ScheduleError inside a tensor-core rule
+        log.warning("%s: no %s design space (%s: %s); tuned with the ordinary one", task.task_name, space,
+                    type(err).__name__, str(err).strip().splitlines()[0] if str(err).strip() else "")
+        return contexts("default")
+    return made
 
 
 @contextlib.contextmanager

@@ -94,9 +94,15 @@ def _throttle(text: str) -> str | None:
 _FP32_LANES = {7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
 
 
+#: dense float16/bfloat16 tensor-core FLOP/s over FP32 FLOP/s, by compute capability major (V100 125/15.7,
+#: A100 312/19.5, H100 SXM 989/67 TFLOP/s)
+_TENSOR_CORE_RATIO = {7: 8.0, 8: 16.0, 9: 14.8}
+
+
 def device_figures(index: int = 0) -> dict[str, Any]:
     """The GPU's figures for the scheduling cost: SM count, threads per SM, peak FP32 FLOP/s (from
-    the SM clock) and memory bandwidth (from the memory clock and bus width).
+    the SM clock), peak dense float16/bfloat16 tensor-core FLOP/s (``peak_flops_half``, from the FP32
+    peak and the architecture's ratio) and memory bandwidth (from the memory clock and bus width).
 
     Clocks come from the device properties, else from nvidia-smi's maximum clocks; a figure that
     cannot be read is left out (the cost model then keeps its default).
@@ -116,6 +122,7 @@ def device_figures(index: int = 0) -> dict[str, Any]:
     lanes = _FP32_LANES.get(props.major, 128)
     if sm_khz:
         out["peak_flops"] = 2.0 * lanes * props.multi_processor_count * sm_khz * 1e3
+        out["peak_flops_half"] = out["peak_flops"] * _TENSOR_CORE_RATIO.get(props.major, 1.0)
     bus = getattr(props, "memory_bus_width", 0) or 0
     if mem_khz and bus:
         out["bandwidth"] = 2.0 * mem_khz * 1e3 * bus / 8

@@ -42,6 +42,46 @@ def _guarded(rule: Any) -> Any:
     return Guarded()
 
 
+def uses_wmma(mod: tvm.IRModule) -> bool:
+    """Whether a PrimFunc of ``mod`` keeps a tensor-core (WMMA) accumulator fragment."""
+    from tvm import tirx
+
+    from .resources import _walk
+
+    found: list[Any] = []
+
+    def visit(node: Any) -> bool:
+        found.extend(b for b in getattr(node, "alloc_buffers", None) or [] if str(b.scope()) == "wmma.accumulator")
+        return not found
+
+    for _, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            _walk(func.body, visit)
+            if found:
+                return True
+    return False
+
+
+def build_context(mod: tvm.IRModule) -> tvm.transform.PassContext:
+    """The pass context to compile ``mod`` in.
+
+    TVM 0.27's storage rewrite lets a float32 WMMA accumulator tile share its buffer with the float16
+    operand tiles, after which the float32 store of ``wmma_store_16x16x16_f32_*`` fails to lower
+    ("tvm_access_ptr element type must match the source buffer"): every MetaSchedule tensor-core
+    schedule that accumulates in float32 (``wmma_sync_16x16x16_f16f16f32``) would fail to build. A
+    module with a WMMA accumulator is therefore built with storage rewrite off (its tiles keep their
+    own buffers); every other module gets the ordinary context.
+    """
+    current = tvm.transform.PassContext.current()
+    if not uses_wmma(mod):
+        return current
+    config = dict(current.config.items()) if current.config else {}
+    config["tirx.disable_storage_rewrite"] = True
+    return tvm.transform.PassContext(opt_level=current.opt_level, config=config,
+                                     required_pass=list(current.required_pass),
+                                     disabled_pass=list(current.disabled_pass))
+
+
 def _finalize_pipeline(target: Any) -> Any:
     backend = relax.backend.cuda.pipeline if is_gpu(target) else relax.backend.cpu_generic.pipeline
 
@@ -105,7 +145,8 @@ def build_module(lowered: tvm.IRModule, target: Any, database: Any = None) -> Bu
     if passes:
         with target:
             lowered = tvm.transform.Sequential(passes)(lowered)
-    executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
+    with build_context(lowered):
+        executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
     return BuiltModule(executable, target, device_for(target), time.perf_counter() - start, lowered)
 
 

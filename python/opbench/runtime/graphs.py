@@ -53,6 +53,13 @@ class CapturedGraph:
             self.graph.replay()
 
 
+def like(inputs: Sequence[Any], static: Sequence[Any]) -> list[Any]:
+    """``inputs`` with each floating-point tensor cast to the dtype of its static input (a model captured
+    in float16 takes float32 inputs too)."""
+    return [x.to(s.dtype) if hasattr(x, "is_floating_point") and x.is_floating_point() and x.dtype != s.dtype
+            else x for x, s in zip(inputs, static, strict=True)]
+
+
 def clear_cublas_workspaces() -> None:
     """Free cuBLAS's per-stream workspaces (the next matmul on a stream allocates a new one)."""
     import torch
@@ -176,7 +183,7 @@ class CapturedModel:
             import torch
 
             with torch.no_grad():
-                return self.model(*inputs)
+                return self.model(*like(inputs, self.static_inputs))
         for dst, src in zip(self.static_inputs, inputs, strict=True):
             dst.copy_(src)
         return self.run_once()
@@ -220,4 +227,4 @@ class CompiledModel:
         import torch
 
         with torch.no_grad():
-            return self.compiled(*inputs)
+            return self.compiled(*like(inputs, self.static_inputs))

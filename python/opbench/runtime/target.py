@@ -68,15 +68,20 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
 def tuning_target(target: Any, device: Any = None) -> Any:
     """The target MetaSchedule tunes for: the collection target, with the core count on CPUs
     (its parallel rules need ``num-cores``) and the device's limits on GPUs (``device``: the
-    measuring device, remote or this machine's)."""
+    measuring device, remote or this machine's; without one, CUDA's limits for every sm_70 and later
+    GPU, so that design spaces can be generated on a machine without a GPU)."""
     import tvm
 
     if is_gpu(target):
         # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
         dev = device if device is not None else tvm.cuda(0)
-        config = {**target.export(), "max_threads_per_block": int(dev.max_threads_per_block),
-                  "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
-                  "thread_warp_size": int(dev.warp_size), "max_num_threads": int(dev.max_threads_per_block)}
+        if device is None and not _has_cuda(dev):  # design spaces need no GPU: CUDA's limits for every sm_70+
+            limits = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
+        else:
+            limits = {"max_threads_per_block": int(dev.max_threads_per_block),
+                      "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+                      "thread_warp_size": int(dev.warp_size)}
+        config = {**target.export(), **limits, "max_num_threads": limits["max_threads_per_block"]}
         config["keys"] = list(config.get("keys", ()))
         return tvm.target.Target({k: v for k, v in config.items() if k != "tag"})
     if "num-cores" in target.attrs:
@@ -84,6 +89,14 @@ def tuning_target(target: Any, device: Any = None) -> Any:
     config = {"kind": "llvm", **{k: v for k, v in target.export().items() if k in ("mcpu", "mtriple", "mattr")}}
     config["num-cores"] = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     return tvm.target.Target(config)
+
+
+def _has_cuda(dev: Any) -> bool:
+    """True when TVM sees the CUDA device ``dev`` (False on a machine without CUDA or a GPU)."""
+    try:
+        return bool(dev.exist)
+    except Exception:  # TVM built without CUDA here: "Device API cuda is not enabled"
+        return False
 
 
 def is_gpu(target: Any) -> bool:

@@ -25,8 +25,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-#: device figures assumed when the GPU in use is unknown (an H100 SXM, fp32 without tensor cores)
-DEFAULT_DEVICE = {"sm_count": 132, "threads_per_sm": 2048, "peak_flops": 67e12, "bandwidth": 3.35e12}
+#: device figures assumed when the GPU in use is unknown (an H100 SXM: fp32 without tensor cores, and
+#: dense float16/bfloat16 on tensor cores)
+DEFAULT_DEVICE = {"sm_count": 132, "threads_per_sm": 2048, "peak_flops": 67e12, "bandwidth": 3.35e12,
+                  "peak_flops_half": 989e12}
+#: the dtypes that run at ``peak_flops_half``
+HALF_DTYPES = ("float16", "bfloat16")
 
 
 class SchedulingCost:
@@ -41,8 +45,9 @@ class SchedulingCost:
         Measured seconds per operator; without them, a roofline estimate.
     resources:
         Kernel resources by operator index (grid, threads, occupancy, registers, shared memory).
-    sm_count, threads_per_sm, peak_flops, bandwidth:
-        The device's figures (see :data:`DEFAULT_DEVICE` and :meth:`for_device`).
+    sm_count, threads_per_sm, peak_flops, bandwidth, peak_flops_half:
+        The device's figures (see :data:`DEFAULT_DEVICE` and :meth:`for_device`); ``peak_flops_half``
+        is the float16/bfloat16 peak (tensor cores), used for operators of those dtypes.
     launch_s, fork_s:
         Launch overhead per operator (roofline estimate only) and per extra group of a stage.
     demand:
@@ -54,7 +59,7 @@ class SchedulingCost:
                  resources: dict[int, dict[str, Any]] | None = None, sm_count: int = 132,
                  threads_per_sm: int = 2048, peak_flops: float = 67e12, bandwidth: float = 3.35e12,
                  launch_s: float = 2e-6, fork_s: float = 1.5e-6, ridge: float | None = None,
-                 demand: float | None = None) -> None:
+                 demand: float | None = None, peak_flops_half: float | None = None) -> None:
         self.graph = graph
         self.latencies = list(latencies) if latencies is not None else None
         self.resources = resources or {}
@@ -63,6 +68,10 @@ class SchedulingCost:
         self.launch_s, self.fork_s = launch_s, fork_s
         self.ridge = ridge if ridge is not None else peak_flops / bandwidth
         self.fixed_demand = demand
+        if peak_flops_half is None:  # the default device's tensor cores, or none known for another device
+            peak_flops_half = DEFAULT_DEVICE["peak_flops_half"] if peak_flops == DEFAULT_DEVICE["peak_flops"] \
+                else peak_flops
+        self.peak_flops_half = peak_flops_half
 
     @classmethod
     def for_device(cls, graph: Any, latencies: Sequence[float] | None = None,
@@ -85,7 +94,13 @@ class SchedulingCost:
         if self.latencies is not None:
             return self.latencies[i]
         node = self._node(i)
-        return max(node.flops / self.peak_flops, node.bytes / self.bandwidth) + self.launch_s
+        return max(node.flops / self.peak(i), node.bytes / self.bandwidth) + self.launch_s
+
+    def peak(self, i: int) -> float:
+        """Peak FLOP/s for operator ``i``'s dtype (its first output's): tensor cores for float16 and
+        bfloat16, the FP32 peak otherwise."""
+        dtypes = getattr(self._node(i), "output_dtypes", None) or ["float32"]
+        return self.peak_flops_half if str(dtypes[0]) in HALF_DTYPES else self.peak_flops
 
     def demand(self, i: int) -> float:
         """The fraction of the GPU operator ``i`` fills (0..1)."""
@@ -105,7 +120,8 @@ class SchedulingCost:
     def compute_bound(self, i: int) -> bool:
         """True when operator ``i``'s arithmetic intensity is above the device's ridge point."""
         node = self._node(i)
-        return node.bytes > 0 and node.flops / node.bytes > self.ridge
+        ridge = self.ridge * self.peak(i) / self.peak_flops
+        return node.bytes > 0 and node.flops / node.bytes > ridge
 
     def resource_key(self, i: int) -> tuple[float, float, float]:
         """Opara's resource demand: shared memory, threads in flight, registers (smallest first)."""

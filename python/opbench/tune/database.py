@@ -75,6 +75,9 @@ def open_database(folder: str | Path, create: bool = True) -> Any:
         except OSError as err:
             raise OpBenchError(f"cannot create tuning database {str(folder)!r}: {err.strerror}") from None
     unpack(folder)
+    from ..runtime.startup import import_tensor_intrinsics
+
+    import_tensor_intrinsics()  # records of tensor-core schedules name TVM's tensor intrinsics
     try:
         return JSONDatabase(work_dir=str(folder), allow_missing=create)
     except Exception as err:  # a corrupt or foreign file

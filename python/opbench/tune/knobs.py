@@ -10,7 +10,9 @@ instructions, named by what they control:
 * ``compute_at.<block>``: ``SampleComputeLocation``'s loop index (-1 root, -2 inlined);
 
 and the fixed choices the rules made: ``parallel`` and ``vectorize`` extents, thread bindings
-(``bind.<thread>``: how many loops are bound to it) and cache stages (``cache_read``/``cache_write``).
+(``bind.<thread>``: how many loops are bound to it), cache stages (``cache_read``/``cache_write``)
+and, on tensor cores, the intrinsics the schedule is tensorized with (``tensor_intrin``: e.g.
+``wmma_sync_16x16x16_f16f16f32``, ``wmma_load_16x16x16_f16_a_shared_dyn``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def decode_knobs(trace: Any) -> dict[str, Any]:
             key = str(attrs[0]).removeprefix("meta_schedule.")
             if key in ("parallel", "vectorize"):
                 knobs[key] = inputs[1]
+        elif kind == "Annotate" and attrs and str(attrs[0]) == "meta_schedule.auto_tensorize" and \
+                isinstance(inputs[1], str) and inputs[1].startswith('"'):
+            knobs.setdefault("tensor_intrin", []).append(json.loads(inputs[1]))
         if kind not in _SAMPLERS or index not in decided:
             continue
         decision = decided[index]

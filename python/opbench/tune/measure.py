@@ -45,8 +45,11 @@ def build_candidate(mod: Any, target: Any) -> Any:
     """What MetaSchedule's default build does, without importing every tensor intrinsic."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from ..runtime.build import build_context
+
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.tirx.build(mod, target=target)
+    with build_context(mod):
+        return tvm.tirx.build(mod, target=target)
 
 
 def _build_one(item: Any) -> Any:

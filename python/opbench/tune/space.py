@@ -16,10 +16,13 @@ also samples compute locations); a task's size is the sum over its sketches.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
 from .knobs import trace_json
+
+log = logging.getLogger("opbench")
 
 
 @functools.cache
@@ -70,13 +73,50 @@ def sketch_space(trace: Any) -> dict[str, Any]:
             "trace": [insts, [[i, d] for i, d in sorted(decided.items())]]}
 
 
-def task_space(mod: Any, target: Any, name: str) -> dict[str, Any]:
-    """Every sketch of one task's design space."""
+#: the dtypes MetaSchedule 0.27 can tensorize on CUDA tensor cores (WMMA intrinsics; none for bfloat16)
+TENSOR_CORE_DTYPES = ("float16",)
+_said: set[str] = set()
+
+
+def space_kind(target: Any, dtype: str) -> str:
+    """``cuda-tensorcore`` where MetaSchedule can put ``dtype``'s matmuls and convolutions on tensor cores
+    (float16 on a CUDA target of sm_70 or later), else ``default``, with one INFO line saying why a
+    half-precision workload gets no tensor cores."""
+    if dtype not in ("float16", "bfloat16"):
+        return "default"
+    arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
+    major = int(arch[3:-1] or 0) if arch.startswith("sm_") and arch[3:].isdigit() else 0
+    if target.kind.name != "cuda":
+        reason = f"the {target.kind.name} target has no tensor cores"
+    elif major < 7:
+        reason = f"{arch or 'this GPU'} has no tensor cores"
+    elif dtype not in TENSOR_CORE_DTYPES:
+        reason = f"MetaSchedule has no {dtype} tensor-core intrinsics (float16 only: WMMA)"
+    else:
+        return "cuda-tensorcore"
+    line = f"tuning {dtype} with the ordinary design space: {reason}"
+    if line not in _said:
+        _said.add(line)
+        log.info("%s", line)
+    return "default"
+
+
+def design_space(kind: str) -> Any:
+    """A new space generator of ``kind`` (``default``: the target's own rules; ``cuda-tensorcore``)."""
+    if kind == "default":
+        return "post-order-apply"
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.space_generator.PostOrderApply(sch_rules=kind, postprocs=kind, mutator_probs=kind)
+
+
+def task_space(mod: Any, target: Any, name: str, kind: str = "default") -> dict[str, Any]:
+    """Every sketch of one task's design space (``kind``: see :func:`space_kind`)."""
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime.startup import import_tensor_intrinsics
 
     import_tensor_intrinsics()
-    context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", task_name=name)
+    context = ms.TuneContext(mod=mod, target=target, space_generator=design_space(kind), task_name=name)
     sketches = [sketch_space(sch.trace) for sch in context.generate_design_space()]
     return {"task": name, "sketches": sketches, "space_size": sum(s["space_size"] for s in sketches)}
