@@ -16,6 +16,13 @@ predicted operator latencies only, ``DIR/predict_schedules_latency_only.json``).
 
     PYTHONPATH=python python3 scripts/bench_predict.py --part metrics --out data/benchmarks
     PYTHONPATH=python python3 scripts/bench_predict.py --part schedules --out DIR
+
+``--part precision`` (any machine) trains on the float16/bfloat16 rows (``--half-dataset``): the
+latency and co-run predictors with one model held out at a time (all its batch sizes and
+precisions), and the transfer from float32: a latency predictor fit on ``--dataset``'s float32 rows
+only, tested on the float16 and on the bfloat16 rows. Writes ``DIR/predict_precision.json``.
+
+    PYTHONPATH=python python3 scripts/bench_predict.py --part precision --out data/benchmarks
 """
 
 from __future__ import annotations
@@ -70,6 +77,35 @@ def metrics(args: argparse.Namespace) -> dict:
         train(args.dataset, what, "by_model", file, features=features, exclude=exclude)
         saved[name] = shown(file)
     out["predictors_without"] = {"models": exclude, "files": saved}
+    return out
+
+
+def precision(args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    from opbench.pipeline.train import train
+    from opbench.predict.latency import LatencyPredictor, latency_rows
+    from opbench.predict.metrics import regression_metrics
+
+    out: dict = {"dataset": shown(args.dataset), "half_dataset": shown(args.half_dataset), "results": []}
+    for what, split, folds in [("latency", "by_model", 100), ("latency", "by_dtype", 2), ("corun", "by_model", 100)]:
+        result = train(args.half_dataset, what, split, folds=folds, features="graph+launch" if what == "latency"
+                       else "graph")
+        result = {k: v for k, v in result.items() if k not in ("model_file",)}
+        out["results"].append(result)
+        print(f"{what:<8}{split:<10}{result['folds']:>3} folds  MAPE {result['metrics']['mape']:.3f}", flush=True)
+    fp32, device = latency_rows(str(args.dataset))
+    half, _ = latency_rows(str(args.half_dataset), device)
+    train_rows = [r for r in fp32 if (r.get("dtype") or "float32") == "float32"]
+    model = LatencyPredictor.fit(train_rows, "graph+launch")
+    transfer = {"device": device, "train_rows": len(train_rows)}
+    for dtype in ("float16", "bfloat16"):
+        rows = [r for r in half if r.get("dtype") == dtype]
+        measured = np.array([float(r["latency_median_s"]) for r in rows])
+        transfer[dtype] = {"n": len(rows), **regression_metrics(measured, model.predict(rows),
+                                                                  [r["workload_id"] for r in rows])}
+        print(f"float32 -> {dtype}: MAPE {transfer[dtype]['mape']:.3f} on {len(rows)} rows", flush=True)
+    out["transfer_from_float32"] = transfer
     return out
 
 
@@ -170,7 +206,7 @@ def pretrained(args: argparse.Namespace) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained"])
+    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision"])
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")
     parser.add_argument("--tune-model", default="googlenet")
     parser.add_argument("--target", default="llvm")
@@ -181,6 +217,8 @@ def main() -> int:
                              "tune_ARM.sqlite if an earlier call tuned it there)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dataset", default=str(DATASET))
+    parser.add_argument("--half-dataset", default=str(ROOT / "data" / "dataset" / "h100_half.sqlite.gz"),
+                        help="--part precision: the float16/bfloat16 dataset")
     parser.add_argument("--predictors", default=str(PREDICTORS), help="folder of the saved predictors")
     parser.add_argument("--schedule-models", default="googlenet,inception_v3")
     parser.add_argument("--corun", choices=["yes", "no"], default="yes",
@@ -188,7 +226,8 @@ def main() -> int:
                              "scheduling cost's own stage model on predicted operator latencies)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    result = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained}[args.part](args)
+    parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision}
+    result = parts[args.part](args)
     if args.part == "schedules":
         try:
             import torch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -60,18 +61,33 @@ def _best(schedules: list[dict]) -> dict:
     return kept[0] if kept else min(schedules, key=lambda s: s["latency_ms"])
 
 
+def _aligned(mine: list[dict], theirs: list[dict]) -> dict[int, float]:
+    """ATen time of each of ``mine`` (in graph order) paired with the next of ``theirs`` whose output
+    has as many elements (TVM flattens a linear layer's leading dimensions, and may fuse an operator
+    ATen runs alone, which is skipped); empty unless every one of ``mine`` finds its pair."""
+    pairs: dict[int, float] = {}
+    rest = iter(theirs)
+    for op in mine:
+        size = math.prod(op["output_shape"])
+        match = next((t for t in rest if math.prod(t["output_shape"]) == size), None)
+        if match is None:
+            return {}
+        pairs[op["index"]] = match["alone_ms"]
+    return pairs
+
+
 def top_operators(tasks: list[dict], tvm_ops: list[dict], torch_ops: list[dict] | None, n: int = 10
                   ) -> list[dict]:
     """The ``n`` operators slowest with default kernels: default, tuned and (matched by position among
-    the convolutions, and among the matmuls, output shapes checked) ATen time of the same operator."""
+    the convolutions, and among the matmuls and linear layers, output sizes checked) ATen time of the
+    same operator."""
     by_task = {t["func"]: t for t in tasks}
     aten: dict[int, float] = {}
-    for kind in ("conv", "matmul"):
+    torch_kinds = {"conv": ("conv",), "matmul": ("matmul", "linear", "addmm", "bmm", "mm")}
+    for kind, theirs_kinds in torch_kinds.items():
         mine = [o for o in tvm_ops if kind in o["kind"]]
-        theirs = [o for o in torch_ops or [] if kind in o["kind"]]
-        pairs = list(zip(mine, theirs, strict=False)) if len(mine) == len(theirs) else []
-        if pairs and all(a["output_shape"] == b["output_shape"] for a, b in pairs):
-            aten.update({a["index"]: b["alone_ms"] for a, b in pairs})
+        theirs = [o for o in torch_ops or [] if any(k in o["kind"] for k in theirs_kinds)]
+        aten.update(_aligned(mine, theirs))
     rows = []
     for op in tvm_ops:
         task = by_task.get(op["name"])

@@ -61,3 +61,23 @@ def test_splits_refuse_too_few_groups():
         folds(["m"] * 10, "by_model")
     with pytest.raises(OpBenchError, match="unknown --split 'random'"):
         folds(["m"] * 10, "random")
+
+
+def test_by_model_holds_out_every_batch_and_dtype_of_a_model_and_by_dtype_a_precision():
+    from opbench.predict.latency import group_of
+    from opbench.predict.splits import group_label
+
+    rows = [{"source": "local", "model": m, "dtype": d, "batch_size": b, "workload_id": f"{m}{d}{b}"}
+            for m in ("a", "b", "c") for d in ("float16", "bfloat16") for b in (1, 8)]
+    rows.append({"source": "local", "model": "a", "batch_size": 1, "workload_id": "a-old"})  # a row before dtypes
+    by_model = group_of(rows, "by_model")
+    assert set(by_model) == {"local:a", "local:b", "local:c"}
+    for train, test in folds(by_model, "by_model", k=3):
+        held = {rows[i]["model"] for i in test}
+        assert len(held) == 1 and not held & {rows[i]["model"] for i in train}
+    by_dtype = [group_label(r, "by_dtype") for r in rows]
+    assert by_dtype[-1] == "float32"
+    out = folds(by_dtype, "by_dtype", k=10)
+    assert len(out) == 3 and sorted(len({by_dtype[i] for i in test}) for _, test in out) == [1, 1, 1]
+    with pytest.raises(OpBenchError, match="too few dtypes for a by_dtype split: 1"):
+        folds(["float16"] * 4, "by_dtype")

@@ -98,12 +98,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.get("extra_metrics"):
         print("  " + "  ".join(f"{k} {_num(v)}" for k, v in result["extra_metrics"].items()), file=out)
     if args.what == "latency":
-        print(f"  {'held-out model':<18}{'operators':>10}{'measured ms':>13}{'predicted ms':>14}{'error':>9}", file=out)
+        print(f"  {'held-out model':<18}{'batch':>6}{'dtype':>10}{'operators':>10}{'measured ms':>13}"
+              f"{'predicted ms':>14}{'error':>9}", file=out)
         for h in result["held_out"]:
-            print(f"  {h['model'][:18]:<18}{h['operators']:>10}{h['measured_sum_ms']:>13.3f}"
-                  f"{h['predicted_sum_ms']:>14.3f}{h['error']:>+9.1%}", file=out)
+            print(f"  {h['model'][:18]:<18}{h.get('batch_size') or '-':>6}{h.get('dtype', 'float32'):>10}"
+                  f"{h['operators']:>10}{h['measured_sum_ms']:>13.3f}{h['predicted_sum_ms']:>14.3f}{h['error']:>+9.1%}",
+                  file=out)
         print("  by kind: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})" for k, v in result["per_kind"].items()),
               file=out)
+        if len(result.get("per_dtype") or {}) > 1:
+            print("  by dtype: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})"
+                                             for k, v in result["per_dtype"].items()), file=out)
     elif args.what == "corun":
         print(f"  {'held-out model':<18}{'groups':>8}{'MAPE':>8}{'pairwise':>10}", file=out)
         for h in result["held_out"]:

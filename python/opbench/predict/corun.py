@@ -24,7 +24,7 @@ from .base import Predictor, dataset_rows, open_dataset, xgb_regressor
 from .features import corun_feature_names, corun_features, member_feature_names, member_features
 from .latency import sampled
 from .metrics import by_group, pairwise, regression_metrics
-from .splits import check_split, folds
+from .splits import check_split, folds, group_label
 
 MIN_GROUPS = 20
 
@@ -98,6 +98,7 @@ def corun_examples(path: str, device: str | None = None) -> tuple[list[dict[str,
                 not all(s and s > 0 for s in solo):
             continue
         out.append({"workload_id": r["workload_id"], "model": r["model"], "source": r["source"],
+                    "dtype": r.get("dtype") or "float32",
                     "group_key": r["group_key"], "members": members, "solo_s": [float(s) for s in solo],
                     "concurrent_s": float(r["concurrent_s"]), "sequential_s": r.get("sequential_s"),
                     "slowdowns": json_value(r.get("slowdowns")), "device_sms": r.get("gpu_sm_count"),
@@ -115,7 +116,7 @@ def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int
     groups = [g for g in groups if not sampled(g)]
     if len(groups) < 2:
         raise OpBenchError(f"too few co-run groups of models to hold out: {len(groups)} (needed: at least 2)")
-    labels = ([g["workload_id"] for g in groups] if split == "by_model"
+    labels = ([group_label(g, split) for g in groups] if split in ("by_model", "by_dtype")
               else ["+".join(sorted(g["kinds"])) for g in groups])
     predicted = np.zeros(len(groups))
     slow_err: list[float] = []

@@ -28,7 +28,7 @@ from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, xgb_regressor
 from .features import FEATURE_SETS, baseline_columns, operator_feature_names, operator_matrix, task_signature
 from .metrics import by_group, regression_metrics
-from .splits import check_split, folds
+from .splits import check_split, folds, group_label
 
 MIN_ROWS = 20
 SEEDS = 2  # boosters of each kind, trained with seeds seed, seed + 1, ...
@@ -102,9 +102,9 @@ def sampled(row: dict[str, Any]) -> bool:
 
 
 def group_of(rows: Sequence[dict[str, Any]], split: str) -> list[str]:
-    """Each row's group for ``split``: its model, or its task signature."""
-    if split == "by_model":
-        return [r["workload_id"] for r in rows]
+    """Each row's group for ``split``: its model or precision, or its task signature."""
+    if split in ("by_model", "by_dtype"):
+        return [group_label(r, split) for r in rows]
     return [task_signature(r) for r in rows]
 
 
@@ -137,11 +137,17 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
     held_out = []
     for wid, idx in by_group(model_groups).items():
         m, p = float(measured[idx].sum()), float(predicted[idx].sum())
-        held_out.append({"model": rows[idx[0]]["model"], "workload_id": wid, "operators": len(idx),
+        first = rows[idx[0]]
+        held_out.append({"model": first["model"], "workload_id": wid, "batch_size": first.get("batch_size"),
+                         "dtype": first.get("dtype") or "float32", "operators": len(idx),
                          "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
+    per_dtype: dict[str, Any] = {}
+    for dtype, idx in sorted(by_group([r.get("dtype") or "float32" for r in rows]).items()):
+        sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
+        per_dtype[dtype] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
     return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "n_sampled": len(extra), "folds": len(n_train),
             "metrics": metrics,
-            "per_kind": per_kind, "held_out": sorted(held_out, key=lambda h: h["model"]),
+            "per_kind": per_kind, "per_dtype": per_dtype, "held_out": sorted(held_out, key=lambda h: (h["model"], h["dtype"], h["batch_size"] or 0)),
             "predicted": predicted}
 
 

@@ -4,7 +4,11 @@
   operator's rows), so every group is seen in training and tested on its other items.
 * ``by_task``: whole tasks are held out (an operator task: same kind, fused operators, shapes and
   attributes, across models; a tuning task).
-* ``by_model``: whole models are held out, never their operators one by one.
+* ``by_model``: whole models are held out, never their operators one by one (all of a model's
+  batch sizes and precisions together: a model measured in fp16 never trains the fold that tests
+  it in bf16).
+* ``by_dtype``: whole precisions are held out: trained on float32 rows, say, and tested on the
+  float16 ones (how well a predictor transfers to a precision it has not seen).
 
 Every item is tested exactly once, by the fold that held it out; the metrics pool those
 predictions. The group of an item is never in both sides of a fold for ``by_task``/``by_model``.
@@ -19,7 +23,7 @@ import numpy as np
 from ..errors import OpBenchError
 from .metrics import by_group
 
-SPLITS = ("within_task", "by_task", "by_model")
+SPLITS = ("within_task", "by_task", "by_model", "by_dtype")
 
 
 def check_split(split: str) -> str:
@@ -29,12 +33,22 @@ def check_split(split: str) -> str:
     return split
 
 
+def group_label(row: dict, split: str) -> Hashable | None:
+    """``row``'s group for the whole-group splits: its model (``source:model``, every batch size and
+    precision) for ``by_model``, its precision for ``by_dtype``; None for the task splits."""
+    if split == "by_model":
+        return f"{row.get('source', '')}:{row['model']}"
+    if split == "by_dtype":
+        return row.get("dtype") or "float32"
+    return None
+
+
 def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
           ) -> list[tuple[np.ndarray, np.ndarray]]:
     """``(train indices, test indices)`` per fold.
 
     ``groups`` is each item's group for this split (its task for ``within_task`` and ``by_task``,
-    its model for ``by_model``). Group splits need at least two groups; ``within_task`` needs at
+    :func:`group_label` for ``by_model`` and ``by_dtype``). Group splits need at least two groups; ``within_task`` needs at
     least two items.
     """
     check_split(split)
@@ -53,7 +67,7 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
     else:
         unique = list(dict.fromkeys(groups))
         if len(unique) < 2:
-            what = "models" if split == "by_model" else "tasks"
+            what = {"by_model": "models", "by_dtype": "dtypes"}.get(split, "tasks")
             raise OpBenchError(f"too few {what} for a {split} split: {len(unique)} (needed: at least 2)")
         k = min(k, len(unique))
         order = rng.permutation(len(unique))
@@ -68,4 +82,4 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
     return out
 
 
-__all__ = ["SPLITS", "check_split", "folds"]
+__all__ = ["SPLITS", "check_split", "folds", "group_label"]

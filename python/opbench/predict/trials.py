@@ -27,7 +27,7 @@ from ..dataset import json_value
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, r2, rmse, top_k
-from .splits import check_split, folds
+from .splits import check_split, folds, group_label
 
 log = logging.getLogger("opbench")
 MIN_TASKS = 2
@@ -104,7 +104,8 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
         if len(kept) < MIN_TRIALS:
             continue
         out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]),
-                    "model": trows[0]["model"], "workload_id": key[0], "task": key[1],
+                    "model": trows[0]["model"], "source": trows[0].get("source", ""),
+                    "dtype": trows[0].get("dtype") or "float32", "workload_id": key[0], "task": key[1],
                     "weight": float(trows[0].get("task_weight") or 1), "group_hash": shash2hex(mod),
                     "target_kind": target_kind(trows[0]["target"])}
     return out, device_name
@@ -212,7 +213,7 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
                            f"(needed: at least {MIN_TASKS}; tune with --iftune true)")
     # one entry per candidate: (task index, candidate index)
     entries = [(t, c) for t, item in enumerate(items) for c in range(len(item["xs"]))]
-    labels = [items[t]["workload_id"] if split == "by_model" else t for t, _ in entries]
+    labels = [group_label(items[t], split) if split in ("by_model", "by_dtype") else t for t, _ in entries]
     scores = np.zeros(len(entries))
     n_train = []
     for train, test in folds(labels, split, k, seed):

@@ -18,15 +18,28 @@ from ..dataset import json_value
 from ..errors import OpBenchError
 from ..predict.latency import sampled
 
-# peak figures for the roofline by device name (fp32 without tensor cores; memory bandwidth)
+# peak figures for the roofline by device name: fp32 without tensor cores, memory bandwidth, and
+# dense fp16/bf16 on tensor cores (the compute roof of half-precision rows)
 PEAKS = {
-    "H100": (67e12, 3.35e12),
-    "H200": (67e12, 4.8e12),
-    "A100": (19.5e12, 2.0e12),
+    "H100": (67e12, 3.35e12, 989e12),
+    "H200": (67e12, 4.8e12, 989e12),
+    "A100": (19.5e12, 2.0e12, 312e12),
 }
 KIND_COLORS = {"conv2d": "#1f77b4", "matmul": "#ff7f0e", "pool": "#2ca02c", "concat": "#d62728",
                "elementwise": "#9467bd", "transform": "#8c564b", "reduction": "#e377c2", "softmax": "#7f7f7f",
                "norm": "#bcbd22", "conv_transpose": "#17becf"}
+
+
+def _log_axes(ax: Any, which: str) -> None:
+    """Log scales whose tick labels are plain text ("1000", "0.01"): the report draws with TeX parsing
+    off (names are text), where matplotlib's default ``10^{n}`` labels would show as TeX source."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for name in which:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        getattr(ax, f"set_{name}scale")("log")
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
 
 
 class Missing(Exception):
@@ -124,18 +137,23 @@ def roofline(data: ReportData, path: Path, **_: Any) -> str:
                    s=10, alpha=0.6, label=kind, color=KIND_COLORS.get(kind))
     ai = np.logspace(np.log10(min(o["flops"] / o["bytes"] for o in ops)) - 0.3,
                      np.log10(max(o["flops"] / o["bytes"] for o in ops)) + 0.3, 200)
+    dtypes = sorted({o.get("dtype") or "float32" for o in ops})
     if peak:
-        flops, bandwidth = peak
-        ax.plot(ai, np.minimum(flops, bandwidth * ai) / 1e9, "k--", lw=1,
-                label=f"roof: {flops / 1e12:.0f} TFLOP/s fp32, {bandwidth / 1e12:.2f} TB/s")
-        note = f"Roofs: the {data.device}'s fp32 peak without tensor cores and its memory bandwidth."
+        flops, bandwidth, half = peak
+        if "float32" in dtypes:
+            ax.plot(ai, np.minimum(flops, bandwidth * ai) / 1e9, "k--", lw=1,
+                    label=f"roof: {flops / 1e12:.0f} TFLOP/s fp32, {bandwidth / 1e12:.2f} TB/s")
+        if any(d in ("float16", "bfloat16") for d in dtypes):
+            ax.plot(ai, np.minimum(half, bandwidth * ai) / 1e9, "k:", lw=1,
+                    label=f"roof: {half / 1e12:.0f} TFLOP/s fp16/bf16 tensor cores, {bandwidth / 1e12:.2f} TB/s")
+        note = (f"Roofs: the {data.device}'s memory bandwidth and its compute peak for the precisions of "
+                f"these rows ({', '.join(dtypes)}): fp32 without tensor cores, fp16/bf16 dense on tensor cores.")
     else:
         note = "No roof: the device's peak figures are not known to OpBench."
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log_axes(ax, "xy")
     ax.set_xlabel("arithmetic intensity (FLOP per byte)")
     ax.set_ylabel("achieved GFLOP/s")
-    ax.set_title(f"Roofline, {len(ops)} operators, default kernels, {data.device}")
+    ax.set_title(f"Roofline, {len(ops)} operators ({', '.join(dtypes)}), default kernels, {data.device}")
     ax.legend(fontsize=8)
     _save(fig, path)
     return note
@@ -201,8 +219,7 @@ def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
     span = np.array([min(measured.min(), predicted.min()) * 0.8, max(measured.max(), predicted.max()) * 1.2])
     ax.plot(span, span, "k-", lw=1, label="exact")
     ax.fill_between(span, span * 0.9, span * 1.1, color="gray", alpha=0.25, label="±10 %")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log_axes(ax, "xy")
     ax.set_xlabel("measured latency (ms)")
     ax.set_ylabel("predicted latency (ms)")
     m = result["metrics"]
@@ -241,7 +258,7 @@ def tuning_curves(data: ReportData, path: Path, **_: Any) -> str:
                 style["label"] = f"{model}, {counts[(model, tuner)]} tasks ({tuner})"
                 labelled.add((model, tuner))
         ax.plot([i + 1 for i, _ in points], best, lw=1.2, drawstyle="steps-post", **style)  # best so far: steps
-    ax.set_yscale("log")
+    _log_axes(ax, "y")
     ax.set_xlabel("trial (measured candidates)")
     ax.set_ylabel("best latency so far (ms)")
     ax.set_title(f"Tuning curves, {len(curves)} tasks, {data.device}")
