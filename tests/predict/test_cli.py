@@ -31,7 +31,8 @@ def test_train_json_has_the_documented_fields(synthetic, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--what", "speed"], "unknown --what 'speed' (accepted: latency, corun, trials)"),
-    (["--what", "latency", "--split", "random"], "unknown --split 'random' (accepted: within_task, by_task, by_model, by_dtype)"),
+    (["--what", "latency", "--split", "random"],
+     "unknown --split 'random' (accepted: within_task, by_task, by_model, by_dtype)"),
     (["--what", "trials"], "has no measured trials rows (collect with --iftune true)"),
     (["--what", "latency", "--features", "all"],
      "unknown --features 'all' (accepted: graph, graph+launch, graph+kernel)"),

@@ -147,7 +147,8 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
         per_dtype[dtype] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
     return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "n_sampled": len(extra), "folds": len(n_train),
             "metrics": metrics,
-            "per_kind": per_kind, "per_dtype": per_dtype, "held_out": sorted(held_out, key=lambda h: (h["model"], h["dtype"], h["batch_size"] or 0)),
+            "per_kind": per_kind, "per_dtype": per_dtype,
+            "held_out": sorted(held_out, key=lambda h: (h["model"], h["dtype"], h["batch_size"] or 0)),
             "predicted": predicted}
 
 

@@ -48,8 +48,8 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
     """``(train indices, test indices)`` per fold.
 
     ``groups`` is each item's group for this split (its task for ``within_task`` and ``by_task``,
-    :func:`group_label` for ``by_model`` and ``by_dtype``). Group splits need at least two groups; ``within_task`` needs at
-    least two items.
+    :func:`group_label` for ``by_model`` and ``by_dtype``). Group splits need at least two groups;
+    ``within_task`` needs at least two items.
     """
     check_split(split)
     n = len(groups)
