@@ -45,6 +45,17 @@ def join_names(names: Iterable[str]) -> str:
     return ", ".join(sorted(names))
 
 
+def numpy_dtype(dtype: str) -> Any:
+    """The NumPy dtype of a dtype name (``bfloat16`` through ``ml_dtypes``, as TVM uses it)."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def digest(value: Any) -> str:
     """A short stable digest of JSON-able data (16 hex digits of SHA-256 over canonical JSON)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OpBenchError
+from ..utils import numpy_dtype
 
 #: attribute fields that name a result dtype
 _DTYPE_FIELDS = ("out_dtype", "dtype")
@@ -31,16 +32,6 @@ _DTYPE_FIELDS = ("out_dtype", "dtype")
 ACCUMULATE_FLOAT32 = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul")
 # TOPI's layer_norm takes float32 and float16 only; TIR's pow does not count bfloat16 as a float
 KEEP_FLOAT32 = {"bfloat16": ("relax.nn.layer_norm", "relax.power")}
-
-
-def _numpy_dtype(dtype: str) -> Any:
-    import numpy as np
-
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def _mutator(mod: Any, dtype: str) -> Any:
@@ -62,7 +53,7 @@ def _mutator(mod: Any, dtype: str) -> Any:
             value = getattr(expr, "value", None)
             if hasattr(value, "numpy") and str(value.dtype) == "float32":
                 with np.errstate(over="ignore"):  # a float32 mask's -3.4e38 is -inf in float16, as in PyTorch
-                    return relax.const(value.numpy().astype(_numpy_dtype(dtype)))
+                    return relax.const(value.numpy().astype(numpy_dtype(dtype)))
             if isinstance(value, float) and str(getattr(expr.ty, "dtype", "")) == "float32":
                 return relax.const(value, dtype)
         elif isinstance(expr, relax.Tuple):

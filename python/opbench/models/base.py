@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OpBenchError
-from ..utils import digest, join_names
+from ..utils import digest, join_names, numpy_dtype
 
 #: the precisions a model can be measured in (its weights, activations and floating-point inputs)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -23,15 +23,6 @@ def check_dtype(value: Any) -> str:
     if text not in DTYPES:
         raise OpBenchError(f"unknown dtype '{value}' (accepted: {', '.join(DTYPES)}; or fp32, fp16, bf16)")
     return text
-
-
-def numpy_dtype(dtype: str) -> Any:
-    """The NumPy dtype of a dtype name (``bfloat16`` through ``ml_dtypes``, as TVM uses it)."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 @dataclasses.dataclass(frozen=True)
