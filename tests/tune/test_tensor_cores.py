@@ -63,6 +63,8 @@ def test_a_tensor_core_trial_names_its_intrinsics():
 
 @pytest.mark.parametrize("target, dtype, kind, reason", [
     (SM90, "float16", "cuda-tensorcore", None),
+    ('{"kind":"cuda","arch":"sm_90a"}', "float16", "cuda-tensorcore", None),
+    ('{"kind":"cuda","arch":"sm_120"}', "float16", "cuda-tensorcore", None),
     (SM90, "float32", "default", None),
     (SM90, "bfloat16", "default", "MetaSchedule has no bfloat16 tensor-core intrinsics (float16 only: WMMA)"),
     ('{"kind":"cuda","arch":"sm_61"}', "float16", "default", "sm_61 has no tensor cores"),

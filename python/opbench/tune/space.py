@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from typing import Any
 
 from .knobs import trace_json
@@ -85,7 +86,8 @@ def space_kind(target: Any, dtype: str) -> str:
     if dtype not in ("float16", "bfloat16"):
         return "default"
     arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
-    major = int(arch[3:-1] or 0) if arch.startswith("sm_") and arch[3:].isdigit() else 0
+    version = re.fullmatch(r"sm_(\d+)[a-z]?", arch)  # sm_90, sm_90a (Hopper's arch-specific features)
+    major = int(version.group(1)) // 10 if version else 0
     if target.kind.name != "cuda":
         reason = f"the {target.kind.name} target has no tensor cores"
     elif major < 7:
