@@ -11,6 +11,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+#: the timing percentiles every timing row carries besides the median (p50): p10, p90, p99
+PERCENTILES = (10, 90, 99)
+
 
 def parse_bool(text: str | bool) -> bool:
     """Parse a command-line boolean: true/false, 1/0, yes/no, on/off (any case).

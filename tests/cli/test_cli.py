@@ -69,7 +69,8 @@ def test_table_and_summary_printed(tmp_path):
 
 
 BAD_INPUTS = [
-    (["--modelsource", "nowhere", "--modelname", "x"], "unknown model source 'nowhere'"),
+    (["--modelsource", "nowhere", "--modelname", "x"],
+     "unknown --modelsource 'nowhere' (accepted: local, simple, remoteonnx, transformers)"),
     (["--modelsource", "local", "--modelname", "resnet-99"], "unknown model 'resnet-99'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--batchsize", "0"], "bad batch size '0'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--batchsize", "two"], "bad batch size 'two'"),
@@ -98,7 +99,8 @@ BAD_INPUTS = [
     (["--modelsource", "simple", "--modelname", "matmul", "--ifcompare", "yes", "--schedulers", "magic"],
      "unknown scheduler 'magic'"),
     (["--modelsource", "simple", "--modelname", "matmul", "--iftune", "maybe"], "'maybe' is not a boolean"),
-    (["--modelsource", "simple", "--modelname", "matmul", "--tuner", "magic"], "unknown tuner 'magic'"),
+    (["--modelsource", "simple", "--modelname", "matmul", "--tuner", "magic"],
+     "unknown --tuner 'magic' (accepted: xgb,"),
     (["--modelsource", "simple", "--modelname", "matmul", "--trials", "-3"], "'-3' is not a positive integer"),
     (["--modelsource", "simple", "--modelname", "matmul", "--min-repeat-ms", "nan"], "'nan' is not a finite number"),
     (["--modelsource", "simple", "--modelname", "matmul", "--min-repeat-ms", "inf"], "'inf' is not a finite number"),
@@ -212,11 +214,11 @@ def test_compare_command_errors(tmp_path):
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--backend", "torch", script=False)
     assert proc.returncode == 2 and "--backend torch needs a torch model" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--backend", "jax", script=False)
-    assert proc.returncode == 2 and "unknown backend 'jax'" in proc.stderr
+    assert proc.returncode == 2 and "unknown --backend 'jax' (accepted: tvm, torch, fused)" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--merge", "some", script=False)
-    assert proc.returncode == 2 and "invalid choice: 'some'" in proc.stderr
+    assert proc.returncode == 2 and "unknown --merge 'some' (accepted: none, all, ios)" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "bogus", script=False)
-    assert proc.returncode == 2 and "unknown kernels 'bogus' (accepted: aten, fused)" in proc.stderr
+    assert proc.returncode == 2 and "unknown --kernels 'bogus' (accepted: aten, fused)" in proc.stderr
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--kernels", "fused", "--cut", "thin",
                script=False)
     assert proc.returncode == 2 and "unknown --cut 'thin' (accepted: auto, branches, blocks, whole)" in proc.stderr

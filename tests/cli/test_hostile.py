@@ -81,7 +81,7 @@ def _evil_predictor(path: Path, marker: Path, how: str) -> Path:
 def test_a_predictor_file_runs_no_code(tmp_path, how):
     marker = tmp_path / "pwned"
     evil = _evil_predictor(tmp_path / "evil.opm", marker, how)
-    out = run(*M, "--iftune", "true", "--trials", "4", "--pretrained", str(evil), "--dataset",
+    out = run(*M, "--iftune", "true", "--trials", "4", "--predictor", str(evil), "--dataset",
               str(tmp_path / "d.sqlite"))
     assert out.returncode == 2 and len(_lines(out.stderr)) == 1, out.stderr
     assert "evil.opm" in out.stderr

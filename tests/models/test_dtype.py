@@ -65,10 +65,10 @@ def test_collect_half_precision_rows_and_batch_lists(tmp_path):
     proc = run("--modelsource", "simple", "--modelname", "matmul:n=32", "--dtype", "fp16", "--batchsize", "1,2,1",
                "--repeat", "2", "--min-repeat-ms", "1", "--dataset", str(path), "--json", str(tmp_path / "s.json"))
     assert proc.returncode == 0, proc.stderr
-    lines = [x for x in proc.stdout.splitlines() if "unique tasks" in x]
-    assert [x.split(":")[0] for x in lines] == ["matmul (simple, batch 1, float16, llvm)",
-                                                "matmul (simple, batch 2, float16, llvm)"]
-    summaries = json.loads((tmp_path / "s.json").read_text())
+    sweep = json.loads((tmp_path / "s.json").read_text())  # a list of sizes is a sweep: one process per size
+    assert [(p["batch"], p["dtype"], p["status"]) for p in sweep["points"]] == [(1, "float16", "ok"),
+                                                                                  (2, "float16", "ok")]
+    summaries = [p["summary"] for p in sweep["points"]]
     assert [(s["batch_size"], s["dtype"]) for s in summaries] == [(1, "float16"), (2, "float16")]
     assert summaries[0]["replay_rel_error"] < 1e-2
     with sqlite3.connect(path) as conn:

@@ -46,7 +46,7 @@ def test_predict_refuses_another_kind_of_model_file(synthetic, tmp_path):
     out = run("train", "--dataset", str(synthetic), "--what", "corun", "--out", str(tmp_path / "c.opm"),
               "--folds", "2", script=False)
     assert out.returncode == 0, out.stderr
-    out = run("predict", "--model", str(tmp_path / "c.opm"), "--modelsource", "simple", "--modelname", "branchy",
+    out = run("predict", "--predictor", str(tmp_path / "c.opm"), "--modelsource", "simple", "--modelname", "branchy",
               "--target", "cuda", script=False)
     assert out.returncode == 2 and "is a corun predictor, not a latency predictor" in out.stderr
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -17,10 +18,17 @@ DEFAULT_DATASET = os.path.join("data", "opbench.sqlite")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FAILED_OPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
+_INVALID_CHOICE = re.compile(r"argument (\S+?): invalid choice: '(.*)' \(choose from (.*)\)$", re.DOTALL)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.match(message)
+        if choice:  # argparse's "argument --x: invalid choice: 'v' (choose from 'a', 'b')" in our words
+            accepted = ", ".join(re.findall(r"'([^']*)'", choice.group(3)))
+            message = f"unknown {choice.group(1).split('/')[-1]} '{choice.group(2)}' (accepted: {accepted})"
         sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see --help)\n")
         raise SystemExit(EXIT_USAGE)
 
@@ -78,36 +86,91 @@ def positive_float(text: str) -> float:
     return value
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser) -> Any:
+    """The output group (``-q``, ``-v``) every command has; returned for the command's own output flags."""
     g = p.add_argument_group("output")
     g.add_argument("-q", "--quiet", action="store_true", help="warnings and the summary only: no progress, "
                    "no table, TVM's own warnings hidden")
     g.add_argument("-v", "--verbose", action="store_true", help="debug log lines")
+    return g
+
+
+def add_json_flag(p: Any, what: str, default: str | None = None) -> None:
+    """``--json [FILE]``: ``what`` as JSON to FILE, or to stdout with ``-`` or no FILE (the tables then go
+    to stderr)."""
+    p.add_argument("--json", nargs="?", const="-", default=default, metavar="FILE",
+                   help=f"also write {what} as JSON to FILE ('-' or no FILE: stdout, the tables go to stderr)")
+
+
+class Deprecated(argparse.Action):
+    """An old flag name kept for one release: it warns once and stores into the new flag's place
+    (values of list flags are joined with commas)."""
+
+    def __init__(self, option_strings: Any, dest: str, new: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("help", f"deprecated: use {new}")
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        sys.stderr.write(f"{parser.prog}: warning: {option_string} is deprecated and will be removed: use "
+                         f"{self.new}\n")
+        old = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{old},{values}" if old else values)
+
+
+def add_predictor_flag(p: Any, what: str, deprecated: str | None = None, required: bool = False) -> None:
+    """``--predictor FILE[,FILE]``, the one name of a predictor file (``deprecated``: its old name)."""
+    p.add_argument("--predictor", default=None, metavar="FILE[,FILE]", required=required,
+                   help=f"predictor files made by 'opbench train --out': {what}")
+    if deprecated:
+        p.add_argument(deprecated, dest="predictor", action=Deprecated, new="--predictor", metavar="FILE")
 
 
 def add_dataset_flag(p: Any, what: str = "SQLite dataset") -> None:
     p.add_argument("--dataset", default=None, help=f"{what} (default: $OPBENCH_DATASET or {DEFAULT_DATASET})")
 
 
-def add_model_flags(p: argparse.ArgumentParser, g: Any = None) -> None:
-    g = g or p
-    g.add_argument("--modelsource", default="local",
-                   help="local, simple, remoteonnx (path or URL), transformers")
-    g.add_argument("--modelname", required=True, help="model name, ONNX path/URL (see 'opbench models')")
+def _source_names() -> list[str]:
+    from ..models import list_sources
+
+    return list(list_sources())
+
+
+def add_model_flags(p: argparse.ArgumentParser, sweep: bool = False) -> Any:
+    """The model group: which model, at which batch size and precision, for which target (``sweep``:
+    ``--modelname``, ``--batchsize`` and ``--dtype`` take lists)."""
+    g = p.add_argument_group("model")
+    g.add_argument("--modelsource", default="local", choices=_source_names(),
+                   help="where the model comes from (remoteonnx: a path or URL)")
+    g.add_argument("--modelname", required=True,
+                   help="model name, ONNX path/URL (see 'opbench models')" + ("; a list a,b,c sweeps" if sweep else ""))
     g.add_argument("--target", default="llvm", help="llvm or cuda, or a JSON target such as "
                    '\'{"kind":"llvm","mcpu":"x86-64"}\'')
-    g.add_argument("--batchsize", default="1", help="batch size; collect takes a list (1,8,32: one workload each)")
+    g.add_argument("--batchsize", default="1", help="batch size" + ("; a list 1,8,32 sweeps" if sweep else ""))
     g.add_argument("--dtype", default="float32", help="precision of the weights and activations: float32, float16 "
-                   "or bfloat16 (fp32, fp16, bf16); ONNX models keep their own")
-    p.add_argument("--image-size", type=positive_int, default=None,
+                   "or bfloat16 (fp32, fp16, bf16); ONNX models keep their own" +
+                   ("; a list fp16,bf16 sweeps" if sweep else ""))
+    g.add_argument("--image-size", type=positive_int, default=None,
                    help="input resolution (local; default: the model's own, 224 or 299)")
-    p.add_argument("--seqlen", type=positive_int, default=128, help="sequence length (transformers)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of random weights and inputs")
-    p.add_argument("--sha256", default=None, help="expected SHA-256 of the ONNX file (64 hex digits)")
-    p.add_argument("--cache-dir", default=None, help="download cache for remoteonnx "
+    g.add_argument("--seqlen", type=positive_int, default=128, help="sequence length (transformers)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of random weights and inputs")
+    g.add_argument("--sha256", default=None, help="expected SHA-256 of the ONNX file (64 hex digits)")
+    g.add_argument("--cache-dir", default=None, help="download cache for remoteonnx "
                    "(default: $OPBENCH_CACHE/onnx or ~/.cache/opbench/onnx)")
-    p.add_argument("--max-download-mb", type=nonneg_float, default=None,
+    g.add_argument("--max-download-mb", type=nonneg_float, default=None,
                    help="refuse ONNX downloads larger than this (default: $OPBENCH_MAX_DOWNLOAD_MB or 2048)")
+    return g
+
+
+def add_device_flags(p: Any, sweep: bool = False) -> None:
+    """``--device N`` (and, for sweeps, ``--devices N,N``): which GPU the command measures on."""
+    p.add_argument("--device", type=nonneg_int, default=None, dest="gpu", metavar="N",
+                   help="GPU to run on: its index among the GPUs this process sees (CUDA_VISIBLE_DEVICES "
+                        "honoured; default 0)")
+    if sweep:
+        p.add_argument("--devices", default=None, metavar="N,N,...",
+                       help="run the sweep's points on these GPUs, one worker process per GPU (each point in its "
+                            "own process either way)")
 
 
 def add_database_flag(p: Any) -> None:
@@ -116,7 +179,8 @@ def add_database_flag(p: Any) -> None:
                         "--iftune: <dataset>.tuning beside the dataset)")
 
 
-def add_schedule_flags(p: Any) -> None:
+def add_schedule_flags(p: Any, predictor: bool = True) -> Any:
+    """The parallel-schedule group (returned; ``predictor``: with ``--predictor`` for ``--cost predicted``)."""
     g = p.add_argument_group("parallel schedules (--ifcompare, compare)")
     g.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
                    help="schedulers to compare (comma-separated; sequential is always first)")
@@ -132,19 +196,19 @@ def add_schedule_flags(p: Any) -> None:
                    help="operator costs of the ios and greedy schedulers: measured (timed operators), predicted "
                         "(a trained predictor, nothing timed: rows ios-predicted, greedy-predicted), or "
                         "measured,predicted (both)")
-    g.add_argument("--predictor", default=None, metavar="FILE[,FILE]",
-                   help="for --cost predicted: a latency predictor and, optionally, a co-run predictor "
-                        "('opbench train --what latency|corun')")
+    if predictor:
+        add_predictor_flag(g, "for --cost predicted, a latency predictor and, optionally, a co-run predictor")
     g.add_argument("--stages", action="store_true",
                    help="also print, for sequential and each staged schedule, every stage with its operators, "
                         "strategy and measured latency (the stages run with a barrier between them)")
     g.add_argument("--schedule", default=None, metavar="FILE",
                    help="a schedule saved earlier for this model (--save-schedule): no search, it is measured "
                         "beside sequential; a schedule of another graph is refused")
-    g.add_argument("--sm-partition", default="off", metavar="{off,auto}",
+    g.add_argument("--sm-partition", default="off", choices=("off", "auto"),
                    help="auto: also measure the best parallel schedule with its streams confined to disjoint "
                         "groups of SMs (CUDA green contexts; needs the cuda-bindings package and driver 12.4+: the "
                         "critical path's stream keeps most SMs, the other branches share the rest); off: none")
+    return g
 
 
 def dataset_path(args: argparse.Namespace) -> str:
@@ -168,10 +232,60 @@ def batch_sizes(args: argparse.Namespace) -> list[int]:
         raise OpBenchError(f"bad --batchsize '{text}': an empty item (accepted: positive integers, comma-separated, "
                            "e.g. 1,8,32)")
     sizes = list(dict.fromkeys(check_batch_size(item) for item in items))
-    check_dtype(args.dtype)
-    for size in sizes:
-        check_fits(args.modelsource, args.modelname, size, **_source_options(args))
+    if "," not in str(args.dtype):
+        check_dtype(args.dtype)
+    if "," not in str(args.modelname):
+        for size in sizes:
+            check_fits(args.modelsource, args.modelname, size, **_source_options(args))
     return sizes
+
+
+def model_names(text: str) -> list[str]:
+    """``--modelname a,b,c`` as names. A simple model's parameters stay with their name
+    (``branchy:branches=2,depth=2`` is one model: an item ``key=value`` without ``:`` continues the one
+    before), and an existing file whose name has a comma is one model."""
+    if "," not in text or os.path.exists(text):
+        return [text]
+    names: list[str] = []
+    for item in (i.strip() for i in text.split(",")):
+        if names and "=" in item and ":" not in item:
+            names[-1] += "," + item
+        elif item:
+            names.append(item)
+        else:
+            raise OpBenchError(f"bad --modelname '{text}': an empty item (accepted: model names, comma-separated)")
+    return list(dict.fromkeys(names))
+
+
+def dtypes(text: str) -> list[str]:
+    """``--dtype fp16,bf16`` as dtypes, each checked (one-line error for an unknown one)."""
+    from ..models import check_dtype
+
+    items = [item.strip() for item in str(text).split(",")]
+    if not all(items):
+        raise OpBenchError(f"bad --dtype '{text}': an empty item (accepted: float32, float16, bfloat16, "
+                           "comma-separated)")
+    return list(dict.fromkeys(check_dtype(item) for item in items))
+
+
+def sweep_points(args: argparse.Namespace) -> list[Any]:
+    """Every (model, batch size, dtype) ``--modelname``, ``--batchsize`` and ``--dtype`` name, each
+    checked before anything is measured: an unknown model, dtype or batch size, or a batch that would
+    not fit in memory, is a one-line error."""
+    from ..models import check_fits, get_source
+    from ..pipeline.sweep import cross
+
+    models = model_names(str(args.modelname))
+    kinds = dtypes(args.dtype)
+    source = get_source(args.modelsource)
+    for name in models:
+        if len(models) > 1 and hasattr(source, "canonical"):
+            source.canonical(name)
+    sizes = batch_sizes(args)
+    for name in models:
+        for size in sizes:
+            check_fits(args.modelsource, name, size, **_source_options(args))
+    return cross(models, sizes, kinds)
 
 
 def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
@@ -184,6 +298,10 @@ def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
             raise OpBenchError(f"--batchsize takes one size here, got '{args.batchsize}' (a list of sizes is for "
                                "collect)")
         batch = args.batchsize
+    for flag, value in (("--modelname", model_names(str(args.modelname))), ("--dtype", dtypes(args.dtype))):
+        if len(value) > 1:
+            raise OpBenchError(f"{flag} takes one value here, got '{','.join(value)}' (a list is for collect's "
+                               "sweeps)")
     dtype = "" if str(args.dtype) in ("float32", "fp32") else f", {args.dtype}"
     with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {batch}{dtype})"):
         return load_workload(args.modelsource, args.modelname, batch, dtype=args.dtype, **_source_options(args))
@@ -204,7 +322,8 @@ def compare_options(args: argparse.Namespace) -> Any:
     return options
 
 
-__all__ = ["DEFAULT_DATASET", "EXIT_FAILED_OPS", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "Formatter", "Parser", "add_common", "add_database_flag", "add_dataset_flag", "add_model_flags",
-           "add_schedule_flags", "batch_sizes", "boolean", "compare_options", "dataset_path", "load_model",
-           "nonneg_float", "nonneg_int", "positive_float", "positive_int"]
+__all__ = ["DEFAULT_DATASET", "Deprecated", "EXIT_FAILED_OPS", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK",
+           "EXIT_USAGE", "Formatter", "Parser", "add_common", "add_database_flag", "add_dataset_flag",
+           "add_device_flags", "add_json_flag", "add_model_flags", "add_predictor_flag", "add_schedule_flags",
+           "batch_sizes", "boolean", "compare_options", "dataset_path", "dtypes", "load_model", "model_names",
+           "nonneg_float", "nonneg_int", "positive_float", "positive_int", "sweep_points"]

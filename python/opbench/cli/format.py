@@ -84,7 +84,7 @@ def shape_text(shapes: Any) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The per-operator table printed after a collection."""
-    header = ["#", "operator", "kind", "inputs", "output", "MFLOP", "MB", "median ms",
+    header = ["#", "operator", "kind", "inputs", "output", "MFLOP", "MB", "median ms", "p90 ms", "p99 ms",
               "spread ms", "GFLOP/s", "status"]
     lines = []
     for r in rows:
@@ -95,12 +95,13 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             str(r["op_index"]), r["func"][:44], r["kind"],
             shape_text(r["input_shapes"])[:40], shape_text(r["output_shapes"])[:20],
             _fmt(r["flops"], 1e-6, 2), _fmt(r["bytes"], 1e-6, 2),
-            _fmt(r["latency_median_s"], 1e3, 4), _fmt(spread, 1e3, 4),
+            _fmt(r["latency_median_s"], 1e3, 4), _fmt(r.get("latency_p90_s"), 1e3, 4),
+            _fmt(r.get("latency_p99_s"), 1e3, 4), _fmt(spread, 1e3, 4),
             _fmt(r["gflops"], 1.0, 1), r["status"],
         ])
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
               for i, h in enumerate(header)]
-    numeric = {0, 5, 6, 7, 8, 9}
+    numeric = {0, 5, 6, 7, 8, 9, 10, 11}
 
     def render(cells: Sequence[str]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
@@ -165,7 +166,8 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     when some schedule is SM-partitioned."""
     width = max([18, *(len(r["schedule"]) + 2 for r in rows)])
     partitioned = any(r.get("sm", "-") != "-" for r in rows)
-    head = (f"{'schedule':<{width}}{'streams':>8}{'events':>8}{'median ms':>11}{'speedup':>9}{'max err':>10}"
+    head = (f"{'schedule':<{width}}{'streams':>8}{'events':>8}{'median ms':>11}{'p90 ms':>9}{'p99 ms':>9}"
+            f"{'speedup':>9}{'max err':>10}"
             f"{'sched ms':>10}{'pred ms':>10}" + ("  SMs (streams=SMs)" if partitioned else ""))
     lines = [head, "-" * len(head)]
 
@@ -176,6 +178,7 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
         mark = " *" if r.get("kept") else ""
         sms = f"  {r.get('sm', '-'):<17}" if partitioned else ""
         lines.append(f"{r['schedule']:<{width}}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
+                     f"{num(r.get('p90_ms'), '.4f', 9)}{num(r.get('p99_ms'), '.4f', 9)}"
                      f"{num(r.get('speedup'), '.2f', 9)}{num(r['error'], '.1e', 10)}"
                      f"{num(r['scheduling_ms'], '.1f', 10)}{num(r.get('predicted_ms'), '.4f', 10)}{sms}{mark}")
     return "\n".join(lines)

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any
 
 from ..errors import OpBenchError
-from .args import DEFAULT_DATASET, Formatter, add_common, add_model_flags, dataset_path, load_model
+from .args import (
+    DEFAULT_DATASET,
+    Deprecated,
+    Formatter,
+    add_common,
+    add_json_flag,
+    add_model_flags,
+    add_predictor_flag,
+    dataset_path,
+    load_model,
+)
 from .format import check_output_path, human, shape_text, write_json
 
 log = logging.getLogger("opbench")
+
+
+def _device_name_flag(p: Any) -> None:
+    p.add_argument("--device-name", default=None, dest="device_name",
+                   help="the device (GPU or CPU name) whose rows to use, when the dataset has several")
+    p.add_argument("--device", dest="device_name", action=Deprecated, new="--device-name", metavar="NAME",
+                   help="deprecated: use --device-name (--device N picks a GPU in the commands that use one)")
 
 
 def add_parsers(sub: Any) -> None:
@@ -24,27 +42,28 @@ def add_parsers(sub: Any) -> None:
                        description="Train an XGBoost predictor: 'latency' (an operator's latency from its features), "
                                    "'corun' (a co-run group's time and slowdowns) or 'trials' (a candidate schedule's "
                                    "speed relative to its task's best, for ranking). Metrics are cross-validated on "
-                                   "held-out groups (the split), then the saved model is fit on every row.")
+                                   "held-out groups (the split), then the saved model is fit on every row; with "
+                                   "--out, the held-out predictions are stored beside it (FILE.heldout.json) and in "
+                                   "the dataset, for the report.")
     p.add_argument("--dataset", default=None, help=f"dataset (.sqlite, or .sqlite.gz read only; default: "
                                                    f"$OPBENCH_DATASET or {default_dataset})")
-    p.add_argument("--what", required=True, help=f"what to predict ({', '.join(WHATS)})")
-    p.add_argument("--split", default="by_model", help=f"held-out groups ({', '.join(SPLITS)})")
+    p.add_argument("--what", required=True, choices=WHATS, help="what to predict")
+    p.add_argument("--split", default="by_model", choices=SPLITS, help="held-out groups")
     p.add_argument("--out", default=None, help="write the trained predictor to this file")
-    p.add_argument("--json", default=None, help="also write the metrics as JSON ('-': stdout)")
     p.add_argument("--folds", type=int, default=5,
                    help="cross-validation folds (at least 2; at most one per held-out group, so a large "
                         "number with --split by_model holds out one model at a time)")
-    p.add_argument("--device", default=None, help="device name of the rows to use, when the dataset has several")
-    p.add_argument("--features", default=None,
-                   help=f"latency features ({', '.join(FEATURE_SETS)}): graph and graph+launch (the default "
-                        "schedule's thread blocks and threads) need no compilation, graph+kernel does; default: "
-                        "graph+launch for GPU rows, graph for CPU rows")
+    _device_name_flag(p)
+    p.add_argument("--features", default=None, choices=FEATURE_SETS,
+                   help="latency features: graph and graph+launch (the default schedule's thread blocks and "
+                        "threads) need no compilation, graph+kernel does; default: graph+launch for GPU rows, "
+                        "graph for CPU rows")
     p.add_argument("--config", default="default",
                    help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and of XGBoost")
     p.add_argument("--exclude", default="", metavar="MODEL[,MODEL]",
                    help="leave these models' rows out entirely (to use the predictor on them afterwards)")
-    add_common(p)
+    add_json_flag(add_common(p), "the metrics")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("predict", help="predict every operator's latency of a model, without measuring",
@@ -52,23 +71,31 @@ def add_parsers(sub: Any) -> None:
                        description="Predict the latency of every operator of a model, and of the whole model (their "
                                    "sum), with a trained latency predictor: the model is extracted, not compiled.")
     add_model_flags(p)
-    p.add_argument("--model", required=True, dest="predictor", help="latency predictor file ('opbench train')")
-    p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
-    add_common(p)
+    g = p.add_argument_group("predictor")
+    add_predictor_flag(g, "a latency predictor ('opbench train --what latency')", deprecated="--model")
+    add_json_flag(add_common(p), "the table")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("report", help="write an HTML report with figures of a dataset", formatter_class=formatter,
-                       description="Write DIR/index.html (self-contained) and PNG figures: latency by operator kind, "
-                                   "roofline, co-run speedups, predicted vs measured, tuning curves and a stream "
-                                   "timeline. Needs matplotlib (pip install opbench[report]).")
+                       description="Write DIR/index.html (self-contained) and PNG figures from the rows a dataset "
+                                   "stores (nothing is measured or trained): latency by operator kind, roofline, "
+                                   "co-run speedups, predicted vs measured (the held-out predictions 'opbench train' "
+                                   "stored), tuning curves, a stream timeline and the top operators. Needs matplotlib "
+                                   "(pip install opbench[report]).")
     p.add_argument("--dataset", default=None, help=f"dataset (default: $OPBENCH_DATASET or {default_dataset})")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--device", default=None, help="device name, when the dataset has several")
+    _device_name_flag(p)
     p.add_argument("--schedule", default=None, metavar="FILE",
                    help="a saved schedule to draw as a timeline (default: IOS on the model with most co-runs)")
     p.add_argument("--schedule-model", default=None, metavar="NAME",
                    help="the dataset model whose operator times the timeline uses")
-    add_common(p)
+    p.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="a measured trace ('opbench compare --trace') to draw as the timeline instead of a "
+                        "simulation")
+    add_predictor_flag(p, "the latency predictor whose held-out predictions (FILE.heldout.json, stored by "
+                          "'opbench train --out FILE') the report draws; default: <dataset stem>.*.heldout.json "
+                          "beside the dataset")
+    add_json_flag(add_common(p), "the report's counts and tables")
     p.set_defaults(func=cmd_report)
 
 
@@ -85,7 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     check_output_path(args.out, "--out")
     check_output_path(args.json, "--json")
-    result = train(dataset_path(args), args.what, args.split, args.out, args.folds, args.seed, args.device,
+    result = train(dataset_path(args), args.what, args.split, args.out, args.folds, args.seed, args.device_name,
                    args.features, args.config, [m.strip() for m in args.exclude.split(",") if m.strip()])
     out = human(args)
     m = result["metrics"]
@@ -125,6 +152,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ..predict import load_predictor
     from ..predict.latency import predict_workload
 
+    if not args.predictor:
+        raise OpBenchError("predict needs --predictor FILE (a latency predictor made by 'opbench train --what "
+                           "latency --out FILE')")
     check_output_path(args.json, "--json")
     predictor = load_predictor(args.predictor, "latency")
     target = _prediction_target(args.target)
@@ -151,9 +181,10 @@ def _prediction_target(text: str) -> Any:
     """The target to extract operators for: ``cuda`` needs no GPU here (nothing is compiled)."""
     import tvm
 
+    from ..runtime.device import gpu_index
     from ..runtime.target import resolve_target
 
-    if str(text).strip().lower() == "cuda" and not tvm.cuda(0).exist:
+    if str(text).strip().lower() == "cuda" and not tvm.cuda(gpu_index()).exist:
         return resolve_target({"kind": "cuda", "arch": "sm_90"}, local_device=False)
     return resolve_target(text, local_device=False) if str(text).strip().startswith("{") else resolve_target(text)
 
@@ -166,9 +197,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ImportError:
         raise OpBenchError("the report needs matplotlib: pip install 'opbench[report]' (or pip install matplotlib)"
                            ) from None
-    index = write_report(dataset_path(args), args.out, device=args.device, schedule=args.schedule,
-                         schedule_model=args.schedule_model)
-    print(f"report written to {index}")
+    check_output_path(args.json, "--json")
+    index = write_report(dataset_path(args), args.out, device=args.device_name, schedule=args.schedule,
+                         schedule_model=args.schedule_model, predictor=args.predictor, trace=args.trace)
+    summary = json.loads((index.parent / "report.json").read_text())
+    c = summary["counts"]
+    print(f"report written to {index}: {c['workloads']} workloads, {c['operators']} operators, "
+          f"{c['corun_groups']} co-run groups, {c['trials']} trials", file=human(args))
+    if args.json:
+        write_json(args.json, summary)
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from .. import signals
 from .._version import __version__
 from ..errors import OpBenchError
-from ..utils import announced
+from ..utils import PERCENTILES, announced
 from . import learn
 from .args import (
     DEFAULT_DATASET,
@@ -38,9 +38,11 @@ from .args import (
     add_common,
     add_database_flag,
     add_dataset_flag,
+    add_device_flags,
+    add_json_flag,
     add_model_flags,
+    add_predictor_flag,
     add_schedule_flags,
-    batch_sizes,
     boolean,
     compare_options,
     dataset_path,
@@ -49,6 +51,7 @@ from .args import (
     nonneg_int,
     positive_float,
     positive_int,
+    sweep_points,
 )
 from .format import (
     check_output_path,
@@ -68,44 +71,55 @@ log = logging.getLogger("opbench")
 
 
 def _add_collect(sub: Any) -> None:
-    p = sub.add_parser("collect", help="measure every operator of a model", formatter_class=Formatter,
-                       description="Measure every operator of a model and write the dataset.")
-    g = p.add_argument_group("OpBench-compatible flags")
-    add_model_flags(p, g)
-    g.add_argument("--iftune", type=boolean, default=False,
+    p = sub.add_parser("collect", help="measure every operator of a model (or a sweep of models, batches, dtypes)",
+                       formatter_class=Formatter,
+                       description="Measure every operator of a model and write the dataset. Lists in --modelname, "
+                                   "--batchsize and --dtype make a sweep: every combination, each in its own process "
+                                   "(a crash loses one point), resumable, with one summary table at the end.")
+    add_model_flags(p, sweep=True)
+    m = p.add_argument_group("measurement")
+    add_device_flags(m, sweep=True)
+    m.add_argument("--repeat", type=positive_int, default=10,
+                   help="timed samples per operator (p10/p50/p90/p99 come from these: 100 or more for a "
+                        "meaningful p99)")
+    m.add_argument("--warmup", type=nonneg_int, default=1, help="untimed calls before timing")
+    m.add_argument("--min-repeat-ms", type=nonneg_float, default=5.0,
+                   help="minimum duration of a sample in ms (CPU: whole ms, a fraction rounds up)")
+    m.add_argument("--flush-l2", action="store_true", help="flush caches before every timed call")
+    m.add_argument("--no-check", action="store_true", help="skip the replay-vs-VM check")
+    m.add_argument("--corun", action="store_true", help="also measure co-run groups (cuda)")
+    m.add_argument("--corun-k", type=positive_int, default=4, help="largest co-run group")
+    m.add_argument("--corun-limit", type=positive_int, default=200, help="co-run groups to measure")
+    m.add_argument("--force", action="store_true", help="re-measure rows already in the dataset")
+    t = p.add_argument_group("tuning")
+    t.add_argument("--iftune", type=boolean, default=False,
                    help="tune every unique task with MetaSchedule, then measure the tuned kernels (true/false)")
-    g.add_argument("--ifcompare", type=boolean, default=False, help="compare parallel schedules (true/false)")
-    g.add_argument("--tuner", default="xgb", help=f"tuner ({', '.join(_tuner_names())})")
-    g.add_argument("--trials", type=positive_int, default=64, help="measured candidates per task when tuning")
-    p.add_argument("--pretrained", default=None, metavar="MODEL",
-                   help="with --iftune and --tuner xgb: start from a trials predictor ('opbench train --what "
-                        "trials'), MetaSchedule's cost model with what earlier tuning learned")
-    p.add_argument("--tune-tasks", type=positive_int, default=None,
+    t.add_argument("--tuner", default="xgb", choices=_tuner_names(), help="tuner")
+    t.add_argument("--trials", type=positive_int, default=64, help="measured candidates per task when tuning")
+    add_predictor_flag(t, "a trials predictor starts tuning's cost model (with --iftune and --tuner xgb); latency "
+                          "and co-run predictors are the operator costs of --cost predicted", deprecated="--pretrained")
+    t.add_argument("--tune-tasks", type=positive_int, default=None,
                    help="tune only the N heaviest tasks (default: every task)")
-    p.add_argument("--tune-time", type=positive_float, default=None, metavar="SECONDS",
+    t.add_argument("--tune-time", type=positive_float, default=None, metavar="SECONDS",
                    help="start no new task after this much tuning (the rest keep default kernels; a re-run "
                         "continues)")
-    add_database_flag(p)
+    add_database_flag(t)
     r = p.add_argument_group("remote devices (TVM RPC tracker; builds stay on this machine)")
     r.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure operators, the model and tuning candidates on devices registered here")
     r.add_argument("--rpc-key", default=None, help="the key the remote devices registered with")
     r.add_argument("--rpc-workers", type=positive_int, default=1,
                    help="candidates measured at once while tuning (one per remote device)")
-    add_dataset_flag(p)
-    p.add_argument("--force", action="store_true", help="re-measure rows already in the dataset")
-    p.add_argument("--repeat", type=positive_int, default=10, help="timed samples per operator")
-    p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed calls before timing")
-    p.add_argument("--min-repeat-ms", type=nonneg_float, default=5.0,
-                   help="minimum duration of a sample in ms (CPU: whole ms, a fraction rounds up)")
-    p.add_argument("--flush-l2", action="store_true", help="flush caches before every timed call")
-    p.add_argument("--no-check", action="store_true", help="skip the replay-vs-VM check")
-    p.add_argument("--corun", action="store_true", help="also measure co-run groups (cuda)")
-    p.add_argument("--corun-k", type=positive_int, default=4, help="largest co-run group")
-    p.add_argument("--corun-limit", type=positive_int, default=200, help="co-run groups to measure")
-    p.add_argument("--json", default=None, help="also write the summary as JSON to this file ('-': stdout)")
-    add_schedule_flags(p)
-    add_common(p)
+    g = add_schedule_flags(p, predictor=False)
+    g.add_argument("--ifcompare", type=boolean, default=False, help="compare parallel schedules (true/false)")
+    o = add_common(p)
+    add_dataset_flag(o)
+    add_json_flag(o, "the summary")
+    o.add_argument("--sweep-state", default=None, metavar="FILE",
+                   help="a sweep's state (what finished; the same command again runs only the rest; default: "
+                        "<dataset>.sweep-<digest>.json beside the dataset)")
+    o.add_argument("--point-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="a sweep point running longer is killed (and counted as failed)")
     p.set_defaults(func=cmd_collect)
 
 
@@ -116,32 +130,48 @@ def _tuner_names() -> list[str]:
 
 
 def _add_compare(sub: Any) -> None:
+    from ..ir.regions import CUTS
+    from ..pipeline.compile import KERNELS
+    from ..runtime.backend import BACKENDS
+
     p = sub.add_parser("compare", help="run a model under each schedule and compare", formatter_class=Formatter,
                        description="Run a model under each inter-operator schedule (CUDA Graph on GPU, "
-                                   "threads on CPU) and print latency, speedup and output error.")
+                                   "threads on CPU) and print latency (median and p90/p99), speedup and output "
+                                   "error; --trace writes the kept schedule's measured timeline.")
     add_model_flags(p)
-    p.add_argument("--backend", default="tvm", help="tvm (TVM kernels), torch (the PyTorch model's kernels, see "
-                                                       "--kernels) or fused (--backend torch --kernels fused)")
-    p.add_argument("--kernels", default="aten", help="with --backend torch: aten (PyTorch's kernels, one per traced "
-                                                     "call) or fused (the traced graph cut into regions, each compiled "
-                                                     "by Inductor; adds a torch.compile row)")
-    p.add_argument("--cut", default="auto", help="with fused kernels, where to cut: auto (= branches), branches "
-                                                 "(one region per parallel branch), blocks (also merges the "
-                                                 "fork-join blocks not worth running side by side, from each "
-                                                 "operator's measured time) or whole (one region)")
-    p.add_argument("--torch-compile", action="store_true",
+    k = p.add_argument_group("kernels")
+    k.add_argument("--backend", default="tvm", choices=BACKENDS,
+                   help="tvm (TVM kernels), torch (the PyTorch model's kernels, see --kernels) or fused "
+                        "(--backend torch --kernels fused)")
+    k.add_argument("--kernels", default="aten", choices=KERNELS,
+                   help="with --backend torch: aten (PyTorch's kernels, one per traced call) or fused (the traced "
+                        "graph cut into regions, each compiled by Inductor; adds a torch.compile row)")
+    k.add_argument("--cut", default="auto", choices=("auto", *CUTS),
+                   help="with fused kernels, where to cut: auto (= branches), branches (one region per parallel "
+                        "branch), blocks (also merges the fork-join blocks not worth running side by side, from "
+                        "each operator's measured time) or whole (one region)")
+    k.add_argument("--torch-compile", action="store_true",
                    help="with --backend torch: also measure torch.compile(model, mode='reduce-overhead') (always "
                         "with fused kernels)")
-    p.add_argument("--merge", nargs="?", const="all", default="none", choices=("none", "all", "ios"),
+    k.add_argument("--merge", nargs="?", const="all", default="none", choices=("none", "all", "ios"),
                    help="IOS's merge first: convolutions reading the same input with the same kernel size, stride, "
                         "padding and dilation run as one, their output split (TVM: a Relax rewrite before "
                         "lowering). all (the same as --merge alone): every such group; ios: the groups IOS's dynamic "
                         "programme finds faster merged than concurrent (TVM: two more builds, every group merged "
                         "to time the merged kernels, then the chosen ones)")
-    add_database_flag(p)
-    p.add_argument("--json", default=None, help="also write the table as JSON ('-': stdout)")
+    add_database_flag(k)
+    add_device_flags(p.add_argument_group("device"))
     add_schedule_flags(p)
-    add_common(p)
+    o = add_common(p)
+    add_json_flag(o, "the table")
+    o.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="write the kept schedule and sequential, replayed with a timing event around each "
+                        "operator, as a Chrome trace (open in chrome://tracing or ui.perfetto.dev; one lane per "
+                        "stream; the events perturb the timing a little)")
+    o.add_argument("--nvtx", action="store_true",
+                   help="also run the kept schedule uncaptured under torch.profiler with an NVTX range per "
+                        "operator (cuda), so that Nsight Systems shows the operators' names on their streams; "
+                        "with --trace, the profiler's own trace goes to FILE.torch.json")
     p.set_defaults(func=cmd_compare)
 
 
@@ -150,11 +180,11 @@ def _add_export(sub: Any) -> None:
                        description="Write tables of a dataset as CSV or Parquet (read only: the dataset is "
                                    "not changed). With several tables, OUT gets a -TABLE suffix each.")
     add_dataset_flag(p)
-    p.add_argument("--format", default=None, help="csv or parquet (default: from --out's suffix, .csv or .parquet)")
+    p.add_argument("--format", default=None, choices=("csv", "parquet"),
+                   help="default: from --out's suffix, .csv or .parquet")
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--table", default="all", help="runs, operators, models, corun, trials (comma-separated) or all")
-    p.add_argument("--json", action="store_true", help="print what was written as JSON")
-    add_common(p)
+    add_json_flag(add_common(p), "what was written")
     p.set_defaults(func=cmd_export)
 
 
@@ -163,15 +193,13 @@ def _add_configspace(sub: Any) -> None:
                        description="Write every unique task's MetaSchedule design space as JSON: its sketches, "
                                    "every sampling instruction with its domain, and the space size.")
     add_model_flags(p)
-    p.add_argument("--json", default="-", help="output file ('-': stdout)")
-    add_common(p)
+    add_json_flag(add_common(p), "the design spaces", default="-")
     p.set_defaults(func=cmd_configspace)
 
 
 def _add_models(sub: Any) -> None:
     p = sub.add_parser("models", help="list model sources and names", formatter_class=Formatter)
-    p.add_argument("--json", action="store_true", help="print the list as JSON")
-    add_common(p)
+    add_json_flag(add_common(p), "the list")
     p.set_defaults(func=cmd_models)
 
 
@@ -198,6 +226,22 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return _collect(args, held)
 
 
+def _split_predictors(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--predictor``'s files split by kind: the trials predictor (tuning) and the latency/co-run ones
+    (``--cost predicted``), each checked to read."""
+    from ..predict.base import predictor_kind
+
+    trials, costs = [], []
+    for name in [f.strip() for f in (args.predictor or "").split(",") if f.strip()]:
+        (trials if predictor_kind(name) == "trials" else costs).append(name)
+    if len(trials) > 1:
+        raise OpBenchError(f"--predictor: {len(trials)} trials predictors given, tuning takes one")
+    if trials and not args.iftune:
+        raise OpBenchError(f"--predictor {trials[0]} is a trials predictor, which applies to tuning: add "
+                           "--iftune true")
+    return (trials[0] if trials else None), (",".join(costs) or None)
+
+
 def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from ..dataset import inspect_file
     from ..pipeline import CollectOptions
@@ -207,10 +251,10 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from ..tune import get_tuner
 
     tuner = get_tuner(args.tuner)
-    if args.pretrained and not args.iftune:
-        raise OpBenchError("--pretrained applies to tuning: add --iftune true")
+    pretrained, args.predictor = _split_predictors(args)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
+    check_output_path(args.sweep_state, "--sweep-state")
     if args.schedule:  # a bad file fails before any work
         from ..schedule import Schedule
 
@@ -220,38 +264,73 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     if rpc is not None and (args.corun or args.ifcompare):
         raise OpBenchError(f"{'--corun' if args.corun else '--ifcompare'} runs on this machine's GPU, not over "
                            "--rpc-tracker (accepted with RPC: collect and --iftune)")
+    points = sweep_points(args)  # every model, size and dtype checked (and memory estimated) before any work
+    path = dataset_path(args)
+    inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
+    database_dir = _database_dir(args, path)
+    if len(points) > 1 or args.devices is not None:
+        return _sweep(args, points, path)
     if rpc is not None:
         rpc.check()  # an unreachable tracker or an unknown key fails before any work
     target = resolve_target(args.target, local_device=rpc is None)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
-    if args.pretrained:
-        tuner = load_pretrained(tuner, args.pretrained, target.kind.name)
-    path = dataset_path(args)
-    inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
-    database_dir = _database_dir(args, path)
+    if pretrained:
+        tuner = load_pretrained(tuner, pretrained, target.kind.name)
     if args.iftune:  # a second tuning run on this database is refused now, not after measuring
         from ..tune.database import database_lock
 
         held.enter_context(database_lock(database_dir))
-    batches = batch_sizes(args)  # every size checked (and its memory estimated) before any is loaded
     profiler = _profiler(args, target, rpc)
     timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                           flush_l2=args.flush_l2)
     command = public_command([args.prog_name, *args.argv])
     options = CollectOptions(timing=timing, force=args.force, check=not args.no_check, progress=not args.quiet,
                              seed=args.seed, database=database_dir)
-    codes, summaries = [], []
-    for batch in batches:
-        if len(batches) > 1:
-            log.info("batch size %d (%d of %d)", batch, len(summaries) + 1, len(batches))
-        code, summary = _collect_point(args, load_model(args, batch), target, profiler, path, options, tuner,
-                                       command, compare)
-        codes.append(code)
-        summaries.append(summary)
+    point = points[0]
+    args.dtype = point.dtype
+    code, summary = _collect_point(args, load_model(args, point.batch), target, profiler, path, options, tuner,
+                                   command, compare)
     if args.json:
-        write_json(args.json, summaries[0] if len(summaries) == 1 else summaries)
-    return max(codes)
+        write_json(args.json, summary)
+    return code
+
+
+def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
+    """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
+    ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
+    from ..pipeline.sweep import Sweep, format_sweep, state_path, strip_flags
+    from ..runtime.device import check_index, parse_devices
+
+    devices: list[int | None] = [None]
+    if args.devices is not None:
+        if args.gpu is not None:
+            raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")
+        devices = list(parse_devices(args.devices))
+        for index in devices:
+            check_index(index, "--devices")
+        if args.iftune and len(devices) > 1:
+            raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
+                               "tune on one GPU first, then sweep the tuned kernels with --database")
+    elif args.gpu is not None:
+        devices = [args.gpu]
+    base = strip_flags(args.argv)
+    state = Path(args.sweep_state) if args.sweep_state else state_path(path, base)
+    where = f" on GPUs {','.join(map(str, devices))}" if devices != [None] else ""
+    log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",
+             len(points), len({p.model for p in points}), len({p.batch for p in points}),
+             len({p.dtype for p in points}), where, state)
+    sweep = Sweep(base, points, devices, state, timeout=args.point_timeout, progress=not args.quiet)
+    records = sweep.run()
+    out = human(args)
+    print(format_sweep(records), file=out)
+    done = sum(1 for r in records if r["exit"] in (0, 3))
+    earlier = f" ({sweep.resumed} in an earlier run)" if sweep.resumed else ""
+    print(f"sweep: {done} of {len(records)} points finished{earlier}; rows in {os.path.abspath(path)}; state in "
+          f"{state} (the same command again runs only the points not finished)", file=out)
+    if args.json:
+        write_json(args.json, {"dataset": os.path.abspath(path), "state": str(state), "points": records})
+    return EXIT_OK if done == len(records) else EXIT_FAILURE
 
 
 def _collect_point(args: argparse.Namespace, workload: Any, target: Any, profiler: Any, path: str, options: Any,
@@ -313,11 +392,20 @@ def _collect_summary(result: Any, args: argparse.Namespace) -> dict[str, Any]:
         "target": result.key["target"], "operators": len(result.graph), "unique_tasks": len(result.graph.tasks()),
         "measured": result.measured, "skipped": result.skipped, "failed": result.failed,
         "sum_op_latency_ms": sum(r["latency_median_s"] or 0.0 for r in result.rows) * 1e3,
-        "vm_latency_ms": (m["vm_latency_median_s"] or 0.0) * 1e3, "vm_run_id": m["run_id"],
+        "vm_latency_ms": (m["vm_latency_median_s"] or 0.0) * 1e3,
+        **{f"vm_latency_p{q}_ms": m[f"vm_latency_p{q}_s"] * 1e3 if m.get(f"vm_latency_p{q}_s") is not None else None
+           for q in PERCENTILES},
+        "vm_run_id": m["run_id"],
         "replay_rel_error": m["replay_rel_error"], "compile_s": result.compile_s,
         "measure_s": result.measure_s, "dataset": os.path.abspath(result.dataset_path),
         **kind_totals(result.rows), "environment": result.tags, **result.corun,
     }
+
+
+def _tail(summary: dict[str, Any]) -> str:
+    """`` (p90 X, p99 Y ms)`` of the whole model, when it was timed in this run."""
+    p90, p99 = summary.get("vm_latency_p90_ms"), summary.get("vm_latency_p99_ms")
+    return "" if p90 is None or p99 is None else f" (p90 {p90:.3f}, p99 {p99:.3f})"
 
 
 def _collect_line(summary: dict[str, Any], result: Any, target: Any) -> str:
@@ -330,7 +418,7 @@ def _collect_line(summary: dict[str, Any], result: Any, target: Any) -> str:
             f"{target.kind.name}{kernels}): {summary['operators']} operators, "
             f"{summary['unique_tasks']} unique tasks, {result.failed} failed; "
             f"sum of operator latencies {summary['sum_op_latency_ms']:.3f} ms; "
-            f"Relax VM {summary['vm_latency_ms']:.3f} ms{vm_from}; replay error "
+            f"Relax VM {summary['vm_latency_ms']:.3f} ms{_tail(summary)}{vm_from}; replay error "
             f"{'-' if err is None else f'{err:.1e}'}; "
             f"measured {result.measured}, skipped {result.skipped} already in {summary['dataset']} "
             f"(run {result.run_id})")
@@ -408,7 +496,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..ir.regions import CUTS
     from ..pipeline.compare import compare, model_backend
     from ..pipeline.compile import check_kernels, merge_mode
-    from ..runtime import resolve_target
+    from ..runtime import is_gpu, resolve_target
     from ..runtime.backend import KernelBackend
 
     KernelBackend.check_kind(args.backend)
@@ -418,15 +506,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     merge = merge_mode(args.merge)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
+    check_output_path(args.trace, "--trace")
     options = compare_options(args)  # a bad schedule file or scheduler name fails before any work
     target = resolve_target(args.target)
+    if args.nvtx and not is_gpu(target):
+        raise OpBenchError("--nvtx marks operators for Nsight Systems on a GPU: use it with --target cuda "
+                           "(on the CPU, --trace shows each stream's thread)")
     workload = load_model(args)
     database = _database_dir(args, "") if args.backend == "tvm" else None
     backend, baseline = model_backend(workload, target, args.backend, database, merge, args.seed,
                                       args.compare_repeat, args.compare_number, kernels=args.kernels, cut=args.cut,
                                       compiled=True if args.torch_compile else None,
                                       regions=options.schedule.meta.get("regions") if options.schedule else None)
-    table = _print_comparison(compare(backend, options, baseline), args)
+    result = compare(backend, options, baseline)
+    table = _print_comparison(result, args)
+    if args.trace:
+        trace = result.trace(args.trace, nvtx=args.nvtx, meta={"model": workload.name, "dtype": workload.dtype,
+                                                               "batch_size": workload.batch_size})
+        runs = ", ".join(f"{s['schedule']} {s['total_us'] / 1e3:.3f} ms" for s in trace["otherData"]["schedules"])
+        print(f"trace written to {args.trace} ({runs} with a timing mark around each operator; open it in "
+              "chrome://tracing or ui.perfetto.dev)", file=human(args))
+        table["trace"] = args.trace
+    elif args.nvtx:
+        from ..runtime.trace import nvtx_profile
+
+        nvtx_profile(result.backend, result.kept)
     if args.json:
         write_json(args.json, table)
     return EXIT_OK
@@ -551,6 +655,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
     with native_stderr(quiet):
         logging.basicConfig(level=level, format="opbench: %(message)s", stream=sys.stderr, force=True)
         try:
+            if getattr(args, "gpu", None) is not None and getattr(args, "devices", None) is None:
+                from ..runtime.device import select_gpu
+
+                select_gpu(args.gpu)  # before anything touches CUDA: the process then sees that GPU only
             return args.func(args)
         except OpBenchError as err:
             if args.debug:

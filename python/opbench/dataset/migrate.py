@@ -2,7 +2,8 @@
 
 Version 2 → 3 adds the ``trials`` table; 3 → 4 adds two ``corun`` columns (``partitioned_s``,
 ``partition_sms``: the group run with each operator on its own SM partition) and a ``dtype`` column to
-every measurement table (``float32`` for every earlier row: no earlier version measured another).
+every measurement table (``float32`` for every earlier row: no earlier version measured another); 4 → 5
+adds the timing percentiles (NULL in earlier rows: their samples were not kept).
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -18,7 +19,15 @@ import sqlite3
 from collections.abc import Iterator
 
 from ..utils import digest
-from .schema import _SQL_TYPES, SCHEMA_VERSION, TABLES, columns_of, create_statements, create_table
+from .schema import (
+    _SQL_TYPES,
+    PERCENTILE_COLUMNS,
+    SCHEMA_VERSION,
+    TABLES,
+    columns_of,
+    create_statements,
+    create_table,
+)
 
 _V1_ENV = ["device", "cpu_model", "cpu_cores", "gpu_name", "gpu_sm_count", "gpu_memory_mb", "gpu_driver",
            "cuda_runtime", "gpu_clock_start_mhz", "gpu_clock_end_mhz", "tvm_version", "opbench_version",
@@ -40,14 +49,16 @@ _V1 = {
               "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
               "error", *_V1_ENV],
 }
-_V4 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V5 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_NEW_IN_V5 = {t: [c for c, _ in cols] for t, cols in PERCENTILE_COLUMNS.items()}
+_V4 = {t: [c for c in cols if c not in _NEW_IN_V5.get(t, [])] for t, cols in _V5.items()}
 _CORUN_V4 = ["partitioned_s", "partition_sms"]
 _NEW_IN_V4 = {t: (_CORUN_V4 if t == "corun" else []) + ["dtype"] for t in TABLES}
 _V3 = {t: [c for c in cols if c not in _NEW_IN_V4.get(t, [])] for t, cols in _V4.items()}
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # schema version -> {table: columns}
-KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def _v1_keys(row: dict) -> dict:
@@ -72,7 +83,7 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
     """Migrate an open dataset from ``version`` to the current one, in one transaction."""
-    if version not in (1, 2, 3):
+    if version not in (1, 2, 3, 4):
         raise ValueError(f"no migration from schema version {version}")
     with transaction(conn):
         if version == 1:
@@ -80,12 +91,14 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         else:
             if version == 2:
                 conn.execute(create_table("trials"))
-            for table, columns in _NEW_IN_V4.items():
-                if version == 2 and table == "trials":
-                    continue  # made just now, with every column
-                kinds = dict(TABLES[table][0])
-                for column in columns:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_SQL_TYPES[kinds[column]]}")
+            added = [_NEW_IN_V5] if version == 4 else [_NEW_IN_V4, _NEW_IN_V5]
+            for new in added:
+                for table, columns in new.items():
+                    if version == 2 and table == "trials":
+                        continue  # made just now, with every column
+                    kinds = dict(TABLES[table][0])
+                    for column in columns:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_SQL_TYPES[kinds[column]]}")
             conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('migrated_from', ?)", (str(version),))
         for table in TABLES:  # every earlier version measured float32 only

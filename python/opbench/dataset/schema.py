@@ -1,4 +1,4 @@
-"""The dataset schema (version 4). Documented column by column in ``docs/dataset.md``.
+"""The dataset schema (version 5). Documented column by column in ``docs/dataset.md``.
 
 Tables
 ------
@@ -9,7 +9,8 @@ models      one row per measured model: whole-model latency from the Relax VM, c
 corun       one row per co-run group (several operators launched together; with SM partitions, version 4).
 
 Version 4 also gives every measurement table a ``dtype`` column (the workload's precision: float32,
-float16 or bfloat16; rows of earlier versions are float32).
+float16 or bfloat16; rows of earlier versions are float32). Version 5 adds the timing percentiles
+(p10, p90, p99; the median is p50) to operators, models and co-runs (NULL in earlier rows).
 trials      one row per candidate schedule measured while tuning (version 3).
 
 Keys
@@ -33,7 +34,9 @@ The readable columns (``source``, ``model``, ``batch_size``, ``target``, ``workl
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+from ..utils import PERCENTILES
+
+SCHEMA_VERSION = 5
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -100,6 +103,16 @@ OPERATOR_COLUMNS.append(DTYPE_COLUMN)
 MODEL_COLUMNS.append(DTYPE_COLUMN)
 CORUN_COLUMNS.append(DTYPE_COLUMN)
 TRIAL_COLUMNS.append(DTYPE_COLUMN)
+
+# version 5: timing percentiles (utils.PERCENTILES), appended by the migration (``latency_median_s`` etc. are the p50)
+PERCENTILE_COLUMNS = {
+    "operators": [(f"latency_p{q}_s", "REAL") for q in PERCENTILES],
+    "models": [(f"vm_latency_p{q}_s", "REAL") for q in PERCENTILES],
+    "corun": [(f"concurrent_p{q}_s", "REAL") for q in PERCENTILES],
+}
+OPERATOR_COLUMNS.extend(PERCENTILE_COLUMNS["operators"])
+MODEL_COLUMNS.extend(PERCENTILE_COLUMNS["models"])
+CORUN_COLUMNS.extend(PERCENTILE_COLUMNS["corun"])
 
 # measurement tables: (columns, unique key)
 TABLES = {

@@ -158,7 +158,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
     options = options or CollectOptions()
     profiler = profiler or LocalProfiler()
     tags = {**environment_tags(target), **profiler.tags()}
-    with recorded_run(dataset, command, tags) as run, contextlib.ExitStack() as measuring:
+    with recorded_run(dataset, command, {**tags, **profiler.run_facts()}) as run, contextlib.ExitStack() as measuring:
         run_id = run.run_id
         _phase("%s: extracting operators and compiling for %s", workload.name, target.kind.name)
         compiled = compile_workload(workload, target, options.database, options.exclude,
@@ -237,6 +237,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 "sum_op_latency_s": sum(r["latency_median_s"] or 0.0 for r in rows),
                 "vm_latency_median_s": vm_timing.median if vm_timing else None,
                 "vm_latency_std_s": vm_timing.std if vm_timing else None,
+                **(vm_timing.percentiles("vm_latency") if vm_timing else {}),
                 "replay_rel_error": error, "compile_s": built.compile_seconds, "measure_s": measure_s,
                 "provenance": workload.provenance,
                 "status": "ok" if not any(r["status"] != "ok" for r in rows) else "partial",

@@ -37,11 +37,13 @@ import numpy as np
 
 from ..errors import OpBenchError
 from ..profile.schedule import Timer, alone_times, default_timer, median, operator_times, time_ops
+from ..profile.timer import percentile
 from ..runtime.backend import KernelBackend
 from ..runtime.executor import ParallelExecutor
 from ..runtime.graphs import CapturedModel
 from ..runtime.kernels import relative_error
 from ..schedule import Schedule, SchedulingCost, get_scheduler
+from ..utils import PERCENTILES
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -79,6 +81,11 @@ def _leaves(value: Any) -> list[Any]:
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The comparison rows without their ``Schedule`` and baseline objects (JSON-serialisable)."""
     return [{k: v for k, v in r.items() if k not in ("plan", "baseline")} for r in rows]
+
+
+def spread_ms(samples: Sequence[float]) -> dict[str, float]:
+    """A row's tail and spread in ms: ``p10_ms``, ``p90_ms``, ``p99_ms`` (the median is ``latency_ms``)."""
+    return {f"p{q}_ms": percentile(samples, q) * 1e3 for q in PERCENTILES}
 
 
 def _row(name: str, latency_ms: float | None, error: float | None, sched_error: float | None, scheduling_ms: float,
@@ -192,8 +199,10 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     for base in [] if baseline is None else baseline if isinstance(baseline, list | tuple) else [baseline]:
         outputs = host_arrays(_leaves(base.run_once()))
         reference = reference if reference is not None else outputs
-        rows.append(_row(base.label, median(timer(base.label, base.run_once)) * 1e3,
-                         relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
+        samples = timer(base.label, base.run_once)
+        rows.append(_row(base.label, median(samples) * 1e3, relative_error(outputs, reference), None, 0.0, None,
+                         None, 1, 0))
+        rows[-1].update(spread_ms(samples))
         rows[-1]["baseline"] = base
     measured = _Measure(backend, timer, reference)
     for i, (plan, seconds) in enumerate(scheduled):
@@ -231,8 +240,9 @@ class _Measure:
         self.sequential = self.sequential or outputs
         self.reference = self.reference if self.reference is not None else outputs
         run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
-        row.update(latency_ms=median(self.timer(plan.name, run)) * 1e3, error=relative_error(outputs, self.reference),
-                   sched_error=relative_error(outputs, self.sequential))
+        samples = self.timer(plan.name, run)
+        row.update(latency_ms=median(samples) * 1e3, error=relative_error(outputs, self.reference),
+                   sched_error=relative_error(outputs, self.sequential), **spread_ms(samples))
 
 
 def check_sm_partition(value: str) -> str:
@@ -443,6 +453,23 @@ class CompareResult:
         beats it, else None."""
         return next((r for r in self.rows if r["kept"] and r["plan"] is None), None)
 
+    def trace(self, path: str, repeat: int = 5, nvtx: bool = False, meta: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+        """Replay the kept schedule and sequential with a timing mark around each operator and write them as
+        a Chrome trace to ``path`` (:mod:`opbench.runtime.trace`); with ``nvtx`` (GPU), also run the kept
+        schedule under ``torch.profiler`` with NVTX ranges, its trace written to ``<path>.torch.json``."""
+        from ..runtime.trace import chrome_trace, nvtx_profile, trace_schedule, write_trace
+
+        plans = [r["plan"] for r in self.rows if r["schedule"] == "sequential" and r["plan"] is not None]
+        if self.kept.name != "sequential":
+            plans.append(self.kept)
+        traced = [trace_schedule(self.backend, plan, repeat) for plan in plans]
+        trace = chrome_trace(self.backend, traced, meta)
+        write_trace(path, trace)
+        if nvtx:
+            nvtx_profile(self.backend, self.kept, str(path).removesuffix(".json") + ".torch.json")
+        return trace
+
     def table(self) -> dict[str, Any]:
         """The comparison as JSON: schedules, critical path, each operator's time alone (and stages)."""
         times = [{"index": n.index, "name": n.func, "kind": n.kind,
@@ -549,6 +576,7 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     says or as a saved schedule's ``regions`` were; ``fused`` as ``kind`` is the same). ``merge`` applies IOS's merge
     (:data:`opbench.pipeline.compile.MERGE_MODES`).
     """
+    from ..runtime.device import gpu_index
     from ..runtime.graphs import CompiledModel
     from ..runtime.target import is_gpu
     from .compile import check_kernels, merge_mode, torch_backend, tvm_backend
@@ -568,7 +596,7 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
         raise OpBenchError(f"--backend {kind} needs a torch model; source '{workload.source}' has none "
                            "(accepted sources: local, transformers)")
 
-    device = "cuda" if is_gpu(target) else "cpu"
+    device = f"cuda:{gpu_index()}" if is_gpu(target) else "cpu"
     module = workload.torch_module.to(device).eval()
     inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]

@@ -85,15 +85,55 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         kind = next(iter(tasks.values()))["target_kind"]
         fitted = lambda m: trials.TrialsPredictor.fit(list(tasks.values()), seed, m)  # noqa: E731
     meta.update(device_name=device_name, target_kind=kind, metrics=report["metrics"])
-    report.pop("predicted", None)
+    predicted = report.pop("predicted", None)
     result = {"what": what, "split": split, **report, "device_name": device_name, "target_kind": kind,
               "features": features if what == "latency" else None}
     if out is not None:
         model = fitted(meta)
         model.save(out)
         result["model_file"] = str(out)
+        if what == "latency" and predicted is not None:
+            held = [r for r in rows if not latency.sampled(r)]
+            result["heldout_file"] = str(write_heldout(out, result, held, predicted))
     result["seconds"] = time.perf_counter() - start
     return result
 
 
-__all__ = ["SPLITS", "WHATS", "Predictor", "load_predictor", "train"]
+def heldout_path(predictor: str | Path) -> Path:
+    """Where :func:`train` stores a latency predictor's held-out predictions: ``<predictor>.heldout.json``."""
+    return Path(f"{predictor}.heldout.json")
+
+
+def write_heldout(predictor: str | Path, result: dict[str, Any], rows: list[dict[str, Any]], predicted: Any) -> Path:
+    """Store each operator's held-out prediction (made by a fold that never saw its group) beside the
+    predictor, for ``opbench report``: the report then draws them without training anything."""
+    import json
+
+    path = heldout_path(predictor)
+    keep = ("workload_id", "device_id", "config", "op_index", "model", "batch_size", "dtype", "kind")
+    data = {"what": "latency", "split": result["split"], "folds": result.get("folds"),
+            "features": result.get("features"), "device_name": result["device_name"], "metrics": result["metrics"],
+            "rows": [{**{k: r.get(k) for k in keep}, "measured_s": r["latency_median_s"], "predicted_s": float(p)}
+                     for r, p in zip(rows, predicted, strict=True)]}
+    path.write_text(json.dumps(data) + "\n")
+    return path
+
+
+def read_heldout(path: str | Path) -> dict[str, Any]:
+    """Held-out predictions stored by :func:`train` (``path``: the file, or the predictor beside it)."""
+    import json
+
+    path = Path(path)
+    if not path.name.endswith(".heldout.json"):
+        path = heldout_path(path)
+    try:
+        data = json.loads(path.read_text())
+        assert data.get("what") == "latency" and isinstance(data.get("rows"), list)
+    except (OSError, ValueError, AssertionError):
+        raise OpBenchError(f"no held-out predictions at '{path}' (made by 'opbench train --what latency --out "
+                           "FILE' beside FILE)") from None
+    return data
+
+
+__all__ = ["SPLITS", "WHATS", "Predictor", "heldout_path", "load_predictor", "read_heldout", "train",
+           "write_heldout"]

@@ -112,15 +112,38 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise OpBenchError(f"predictor file '{path}' not found (make one with 'opbench train ... --out FILE')")
+    return path
+
+
+def _not_a_predictor(path: Path) -> OpBenchError:
+    return OpBenchError(f"'{path}' is not an OpBench predictor file (made by 'opbench train')")
+
+
+def predictor_kind(path: str | Path) -> str:
+    """What the predictor file at ``path`` predicts (``latency``, ``corun``, ``trials``), read from its
+    metadata only; a one-line error for a missing file or one that is not a predictor."""
+    path = _existing(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = json.loads(zf.read("meta.json"))
+        if meta.get("format") == FORMAT and meta.get("what") in WHATS:
+            return str(meta["what"])
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError, ValueError, OSError):
+        pass
+    raise _not_a_predictor(path)
+
+
 def load_predictor(path: str | Path, what: str | None = None) -> Any:
     """Load a predictor file; ``what`` (``latency``, ``corun``, ``trials``) checks its kind."""
     from .corun import CorunPredictor
     from .latency import LatencyPredictor
     from .trials import TrialsPredictor
 
-    path = Path(path)
-    if not path.is_file():
-        raise OpBenchError(f"predictor file '{path}' not found (make one with 'opbench train ... --out FILE')")
+    path = _existing(path)
     try:
         with zipfile.ZipFile(path) as zf:
             meta = json.loads(zf.read("meta.json"))
@@ -136,7 +159,7 @@ def load_predictor(path: str | Path, what: str | None = None) -> Any:
             return kinds[found]._from_zip(meta, zf, path)
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError,
             AttributeError, OSError):
-        raise OpBenchError(f"'{path}' is not an OpBench predictor file (made by 'opbench train')") from None
+        raise _not_a_predictor(path) from None
 
 
 def xgb_regressor(x: np.ndarray, y: np.ndarray, rounds: int = 400, seed: int = 0, margin: np.ndarray | None = None,
@@ -205,5 +228,5 @@ def dataset_rows(source: Any, table: str, device: str | None = None, required: b
     return rows, devices[0] if devices else ""
 
 
-__all__ = ["FORMAT", "VERSION", "WHATS", "Predictor", "dataset_rows", "load_predictor", "open_dataset", "target_kind",
-           "xgb_regressor"]
+__all__ = ["FORMAT", "VERSION", "WHATS", "Predictor", "dataset_rows", "load_predictor", "open_dataset",
+           "predictor_kind", "target_kind", "xgb_regressor"]

@@ -70,6 +70,11 @@ class Profiler:
         """Environment tags at the start of a run (columns of the dataset's environment tags)."""
         return {}
 
+    def run_facts(self) -> dict[str, Any]:
+        """Facts of the measuring device kept with the run (the ``runs`` table's ``env``), not in every row:
+        on a GPU its peak figures, which the report's roofline draws."""
+        return {}
+
     def end_tags(self) -> dict[str, Any]:
         """Environment tags at the end of a run."""
         return {}

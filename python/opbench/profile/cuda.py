@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OpBenchError
+from ..runtime.device import gpu_index, gpu_uuid, nvml_handle, nvml_query
 from ..runtime.graphs import CapturedGraph, capture_graph, fork_join
 from ..runtime.kernels import OperatorKernels
 from .base import Profiler
@@ -43,7 +44,7 @@ def _nvidia_smi(fields: str) -> list[str] | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", gpu_uuid()],
                              capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
@@ -63,21 +64,14 @@ _THROTTLE = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0
 
 
 def _nvml_clock_and_throttle() -> tuple[int, int] | None:
-    """(SM clock in MHz, throttle-reason mask) of GPU 0 through NVML, or None without ``pynvml``."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            return (int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-                    int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # an NVML without this GPU or call: fall back to nvidia-smi
-        return None
+    """(SM clock in MHz, throttle-reason mask) of the measuring GPU through NVML (``nvidia-ml-py``,
+    the GPU found by its UUID), or None without it."""
+    def ask(nvml: Any) -> tuple[int, int]:
+        handle = nvml_handle(nvml)
+        return (int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+                int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)))
+
+    return nvml_query(ask)  # None: nvidia-smi is asked instead
 
 
 def _throttle(text: str) -> str | None:
@@ -99,7 +93,7 @@ _FP32_LANES = {7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
 _TENSOR_CORE_RATIO = {7: 8.0, 8: 16.0, 9: 14.8}
 
 
-def device_figures(index: int = 0) -> dict[str, Any]:
+def device_figures(index: int | None = None) -> dict[str, Any]:
     """The GPU's figures for the scheduling cost: SM count, threads per SM, peak FP32 FLOP/s (from
     the SM clock), peak dense float16/bfloat16 tensor-core FLOP/s (``peak_flops_half``, from the FP32
     peak and the architecture's ratio) and memory bandwidth (from the memory clock and bus width).
@@ -109,7 +103,7 @@ def device_figures(index: int = 0) -> dict[str, Any]:
     """
     import torch
 
-    props = torch.cuda.get_device_properties(index)
+    props = torch.cuda.get_device_properties(gpu_index() if index is None else index)
     out: dict[str, Any] = {"name": props.name, "sm_count": props.multi_processor_count,
                            "threads_per_sm": props.max_threads_per_multi_processor}
     sm_khz = getattr(props, "clock_rate", 0) or 0
@@ -146,9 +140,11 @@ class CudaProfiler(Profiler):
         self.tvm_ffi = tvm_ffi
         self.corun_k = corun_k
         self.corun_limit = corun_limit
-        self.props = torch.cuda.get_device_properties(0)
-        self.flush_buffer = torch.empty(2 * max(self.props.L2_cache_size, 1 << 20), dtype=torch.int8, device="cuda")
-        self.streams = [torch.cuda.Stream() for _ in range(max(corun_k, 1))]
+        self.device = torch.device("cuda", gpu_index())
+        self.props = torch.cuda.get_device_properties(self.device)
+        self.flush_buffer = torch.empty(2 * max(self.props.L2_cache_size, 1 << 20), dtype=torch.int8,
+                                        device=self.device)
+        self.streams = [torch.cuda.Stream(device=self.device) for _ in range(max(corun_k, 1))]
         self._solo: dict[int, Timing] = {}
         self._outs: dict[int, list[Any]] = {}
 
@@ -162,6 +158,14 @@ class CudaProfiler(Profiler):
             "gpu_driver": smi[0] if smi else None, "cuda_runtime": self.torch.version.cuda,
             "gpu_clock_start_mhz": _int(smi[1]) if smi else None,
         }
+
+    def run_facts(self) -> dict[str, Any]:
+        """The GPU's peak figures (:func:`device_figures`) and L2 size, for the report's roofs."""
+        try:
+            return {"device_figures": {**device_figures(), "l2_bytes": int(self.props.L2_cache_size)}}
+        except Exception as err:  # figures are extra: measuring goes on without them
+            log.debug("device figures unavailable: %s", err)
+            return {}
 
     def end_tags(self) -> dict[str, Any]:
         """GPU tags at the end of a run: the SM clock and why it is throttled, if it is (NVML when
@@ -302,6 +306,7 @@ class CudaProfiler(Profiler):
             log.debug("per-operator co-run timing unavailable: %s", err)
         return {
             "group_size": len(group), "sequential_s": seq.median, "concurrent_s": conc.median,
+            **conc.percentiles("concurrent"),
             "speedup": seq.median / conc.median if conc.median > 0 else None,
             "solo_s": [self._solo[i].median for i in group], "slowdowns": slowdowns,
             "repeats": config.repeat, "l2_flush": int(config.flush_l2), "status": "ok", "error": None,

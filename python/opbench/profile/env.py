@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from .._version import __version__
+from ..runtime.device import gpu_index
 from ..runtime.target import canonical_target, is_gpu
 from ..utils import digest
 
@@ -36,7 +37,7 @@ def device_name(target: Any) -> str:
     if is_gpu(target):
         import tvm
 
-        return str(tvm.cuda(0).device_name)
+        return str(tvm.cuda(gpu_index()).device_name)
     return cpu_model()
 
 

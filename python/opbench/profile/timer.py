@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..utils import PERCENTILES
+
 
 @dataclasses.dataclass
 class TimingConfig:
@@ -57,6 +59,15 @@ class Timing:
     def std(self) -> float:
         return statistics.pstdev(self.samples) if len(self.samples) > 1 else 0.0
 
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile of the samples (linear interpolation; 50 is the median). With few
+        samples the tails are the extremes: ``--repeat 100`` or more gives a p99 worth reading."""
+        return percentile(self.samples, q)
+
+    def percentiles(self, prefix: str = "latency") -> dict[str, float]:
+        """``{prefix}_p10_s``, ``_p90_s``, ``_p99_s``: the dataset's percentile columns."""
+        return {f"{prefix}_p{q}_s": self.percentile(q) for q in PERCENTILES}
+
     def columns(self) -> dict[str, Any]:
         """Dataset columns for this timing."""
         return {
@@ -65,9 +76,17 @@ class Timing:
             "latency_std_s": self.std,
             "latency_min_s": min(self.samples),
             "latency_max_s": max(self.samples),
+            **self.percentiles(),
             "repeats": len(self.samples),
             "number": self.number,
         }
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``samples`` (linear interpolation between the closest ranks)."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(samples, dtype=float), q))
 
 
 def time_evaluator(module: Any, name: str, device: Any, args: Sequence[Any],

@@ -20,18 +20,38 @@ from ..errors import OpBenchError
 log = logging.getLogger("opbench")
 
 
+def default_heldout(dataset: str | Path) -> Path | None:
+    """Held-out predictions kept beside the dataset: ``<stem>.*.heldout.json`` in its folder (the newest)."""
+    dataset = Path(dataset)
+    stem = dataset.name.split(".")[0]
+    found = sorted(dataset.parent.glob(f"{stem}.*heldout.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
 def write_report(dataset: str | Path, out: str | Path, device: str | None = None, schedule: str | None = None,
-                 schedule_model: str | None = None) -> Path:
-    """Write the figures and ``index.html`` into ``out``; returns the index path."""
+                 schedule_model: str | None = None, predictor: str | Path | None = None,
+                 trace: str | Path | None = None) -> Path:
+    """Write the figures, ``index.html`` and ``report.json`` (the counts and tables) into ``out``; returns
+    the index path. Everything comes from stored results: the dataset's rows, the held-out predictions
+    ``opbench train --out`` kept beside ``predictor`` (default: :func:`default_heldout`), a trace written by
+    ``opbench compare --trace``; nothing is measured or trained."""
+    import json
+
     import matplotlib
 
     matplotlib.use("Agg")
+    from ..predict import read_heldout
+    from ..runtime.trace import read_trace
     from . import figures
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OpBenchError(f"--out '{out}' is a file (accepted: a folder for the report)")
-    data = figures.ReportData.load(dataset, device)  # a missing or foreign dataset is refused before DIR is made
+    # every input is read before DIR is made: a missing dataset, predictor or trace leaves nothing behind
+    heldout_file = predictor or (default_heldout(dataset) if Path(dataset).is_file() else None)
+    heldout = read_heldout(heldout_file) if heldout_file else None
+    traced = read_trace(trace) if trace else None
+    data = figures.ReportData.load(dataset, device, heldout, traced)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -51,10 +71,14 @@ def write_report(dataset: str | Path, out: str | Path, device: str | None = None
         log.info("report: %s (%.1f s)", title, time.perf_counter() - start)
     index = out / "index.html"
     index.write_text(_html(data, sections, out))
+    summary = {**data.summary(), "figures": [{"title": t, "file": n, "missing": m, "caption": c}
+                                             for t, n, m, c in sections]}
+    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return index
 
 
 def _html(data: Any, sections: list[tuple[str, str, str | None, str]], out: Path) -> str:
+    c = data.counts()
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>OpBench report</title>",
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -63,9 +87,12 @@ def _html(data: Any, sections: list[tuple[str, str, str | None, str]], out: Path
         "th:first-child,td:first-child{text-align:left}.missing{color:#a33}</style></head><body>",
         "<h1>OpBench report</h1>",
         f"<p>Dataset <code>{html.escape(str(data.path))}</code>, device <b>{html.escape(data.device)}</b>: "
-        f"{len(data.models)} models, {len(data.ops)} measured operators, {len(data.coruns)} co-run groups, "
-        f"{len(data.trials)} tuning trials.</p>",
+        f"{c['workloads']} workloads of {c['models']} models, {c['operators']} measured operators, "
+        f"{c['corun_groups']} co-run groups, {c['trials']} tuning trials of {c['tuned_tasks']} tasks "
+        "(default kernels; every figure below draws these rows).</p>",
         data.summary_table(),
+        "<h2>Slowest operators</h2>",
+        data.top_table(),
     ]
     for title, name, missing, caption in sections:
         parts.append(f"<figure><h2>{html.escape(title)}</h2>")
@@ -79,4 +106,4 @@ def _html(data: Any, sections: list[tuple[str, str, str | None, str]], out: Path
     return "\n".join(parts)
 
 
-__all__ = ["write_report"]
+__all__ = ["default_heldout", "write_report"]

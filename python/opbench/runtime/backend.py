@@ -14,6 +14,9 @@ from ..errors import OpBenchError
 from ..ir.graph import ArgRef
 from .kernels import OperatorKernels
 
+#: the kinds :meth:`KernelBackend.create` makes (``fused`` registers itself when first asked for)
+BACKENDS = ("tvm", "torch", "fused")
+
 
 class KernelBackend:
     """Base class: a graph of operators and a way to launch each one.

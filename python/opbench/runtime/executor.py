@@ -16,6 +16,7 @@ older driver, the CPU) the schedule runs unpartitioned after one INFO line.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -52,9 +53,10 @@ class ParallelExecutor:
             green.say_off("SM partitions are off on the CPU: its streams are threads")
 
     # GPU -------------------------------------------------------------------------------------
-    def launch_all(self, origin: Any) -> None:
+    def launch_all(self, origin: Any, marks: dict[int, tuple[Any, Any]] | None = None) -> None:
         """Launch the schedule from stream ``origin``: forked onto the worker streams, in the global
-        order, each operator waiting on the events of its cross-stream producers, joined back."""
+        order, each operator waiting on the events of its cross-stream producers, joined back.
+        ``marks``: filled with a pair of timing events around each operator, on its stream (a trace)."""
         import torch
 
         if not self._streams:
@@ -68,8 +70,14 @@ class ParallelExecutor:
                 stream = self._streams[self.schedule.stream_of[op]]
                 for u in self._waits[op]:
                     stream.wait_event(done[u])
+                if marks is not None:
+                    begin, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+                    begin.record(stream)
                 with self.backend.on_stream(stream):
                     self.backend.launch(op)
+                if marks is not None:
+                    end.record(stream)
+                    marks[op] = (begin, end)
                 if op in self._records:
                     event = torch.cuda.Event()
                     event.record(stream)
@@ -97,7 +105,9 @@ class ParallelExecutor:
         self.cuda_graph.replay()
 
     # CPU -------------------------------------------------------------------------------------
-    def _run_threads(self) -> None:
+    def _run_threads(self, marks: dict[int, tuple[int, int]] | None = None) -> None:
+        """Each stream's operators on a thread of its own; ``marks``: filled with each operator's
+        start and end on the host clock (``time.perf_counter_ns``)."""
         done = {op: threading.Event() for op in self._records}
         errors: list[BaseException] = []
 
@@ -106,7 +116,10 @@ class ParallelExecutor:
                 for op in ops:
                     for u in self._waits[op]:
                         done[u].wait()
+                    begin = time.perf_counter_ns() if marks is not None else 0
                     self.backend.launch(op)
+                    if marks is not None:
+                        marks[op] = (begin, time.perf_counter_ns())
                     if op in done:
                         done[op].set()
             except BaseException as err:  # surface in the caller

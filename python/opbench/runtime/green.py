@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..schedule.base import check_sm_sizes
+from .device import gpu_index
 
 log = logging.getLogger("opbench")
 #: the oldest CUDA driver with green contexts (12.4)
@@ -114,10 +115,10 @@ def _granules(device_index: int) -> tuple[Any, list[Any], int, int]:
     return device, list(groups)[:int(made)], size, total
 
 
-def layout(device_index: int = 0) -> dict[str, int]:
+def layout(device_index: int | None = None) -> dict[str, int]:
     """The device's ``sm_count``, the ``granularity`` of its partitions and how many SMs partitions can
     take together (``partitionable``: whole granules; e.g. 128 of an H100's 132 in granules of 8)."""
-    _, granules, size, total = _granules(device_index)
+    _, granules, size, total = _granules(gpu_index() if device_index is None else device_index)
     return {"sm_count": total, "granularity": size, "partitionable": size * len(granules)}
 
 
@@ -130,10 +131,10 @@ class SmPartitions:
     the streams keeps launching into the green contexts.
     """
 
-    def __init__(self, sizes: Sequence[int], device_index: int = 0) -> None:
+    def __init__(self, sizes: Sequence[int], device_index: int | None = None) -> None:
         drv = _driver()
         self.sizes = [int(n) for n in sizes]
-        self.device_index = device_index
+        self.device_index = device_index = gpu_index() if device_index is None else device_index
         device, granules, size, total = _granules(device_index)
         check_sm_sizes(self.sizes, size * len(granules), size, device=f"this GPU ({total} SMs, in granules of {size})")
         self.contexts: list[Any] = []
@@ -165,19 +166,20 @@ class SmPartitions:
         return self._streams[key]
 
 
-def partitions(sizes: Sequence[int], device_index: int = 0) -> SmPartitions:
-    """The (cached) :class:`SmPartitions` of ``sizes`` on device ``device_index``."""
-    key = (device_index, tuple(int(n) for n in sizes))
+def partitions(sizes: Sequence[int], device_index: int | None = None) -> SmPartitions:
+    """The (cached) :class:`SmPartitions` of ``sizes`` on device ``device_index`` (default: the measuring GPU)."""
+    key = (gpu_index() if device_index is None else device_index, tuple(int(n) for n in sizes))
     if key not in _partitions:
         _partitions[key] = SmPartitions(key[1], device_index)
     return _partitions[key]
 
 
-def sm_count(device_index: int = 0) -> int:
+def sm_count(device_index: int | None = None) -> int:
     """The number of SMs of the device (PyTorch's view; no bindings needed)."""
     import torch
 
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+    index = gpu_index() if device_index is None else device_index
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 __all__ = ["MIN_DRIVER", "SmPartitions", "available", "say_off", "layout", "partitions", "sm_count", "support"]

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ..errors import OpBenchError
+from .device import gpu_index
 
 TARGETS = ("llvm", "cuda")
 
@@ -52,7 +53,7 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
             raise OpBenchError("a remote GPU's architecture cannot be read from this machine: give it in the "
                                'target, e.g. --target \'{"kind":"cuda","arch":"sm_90"}\'')
     elif kind == "cuda":
-        dev = tvm.cuda(0)
+        dev = tvm.cuda(gpu_index())
         if not dev.exist:
             raise OpBenchError("target 'cuda' needs an NVIDIA GPU, but no CUDA device is visible "
                                "(use --target llvm on this machine)")
@@ -74,7 +75,7 @@ def tuning_target(target: Any, device: Any = None) -> Any:
 
     if is_gpu(target):
         # MetaSchedule's GPU rules and its VerifyGPUCode check read the device's limits from the target
-        dev = device if device is not None else tvm.cuda(0)
+        dev = device if device is not None else tvm.cuda(gpu_index())
         if device is None and not _has_cuda(dev):  # design spaces need no GPU: CUDA's limits for every sm_70+
             limits = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
         else:
@@ -108,7 +109,7 @@ def device_for(target: Any) -> Any:
     """The TVM device a target runs on."""
     import tvm
 
-    return tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+    return tvm.cuda(gpu_index()) if is_gpu(target) else tvm.cpu(0)
 
 
 def target_key(target: Any) -> str:

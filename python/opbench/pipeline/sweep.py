@@ -1,0 +1,288 @@
+"""Sweeps: ``collect`` over the cross product of models, batch sizes and dtypes, each point in its own
+process, spread over GPUs (one worker per GPU), resumable.
+
+Each point runs as ``opbench collect`` with one model, one batch size and one dtype, in a child
+process whose ``CUDA_VISIBLE_DEVICES`` names its worker's GPU: a crash, an out-of-memory kill or a hung
+point costs that point, never the sweep or the rows other points wrote (every point writes its rows to
+the dataset as it measures them; SQLite's write-ahead log lets points on several GPUs write one file).
+
+The sweep's state (each finished point: exit status, summary, seconds) is a JSON file beside the
+dataset, named after a digest of the command's other flags; the same command again skips the points
+that finished and runs the rest (points that crashed or were interrupted run again). Each point's
+output goes to a log file beside the state file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..utils import digest
+
+log = logging.getLogger("opbench")
+
+#: exit statuses of ``opbench collect`` a sweep treats as finished (0 ok, 3 finished with failed operators)
+FINISHED = (0, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One point of a sweep: a model at one batch size and dtype."""
+
+    model: str
+    batch: int
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} batch {self.batch} {self.dtype}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.batch}|{self.dtype}"
+
+    def flags(self) -> list[str]:
+        return ["--modelname", self.model, "--batchsize", str(self.batch), "--dtype", self.dtype]
+
+
+def cross(models: Sequence[str], batches: Sequence[int], dtypes: Sequence[str]) -> list[Point]:
+    """Every (model, batch, dtype), models outermost."""
+    return [Point(m, b, d) for m, b, d in itertools.product(models, batches, dtypes)]
+
+
+#: flags of collect that name the point, its device or its JSON: a point's command sets them itself
+POINT_FLAGS: dict[str, bool | str] = {
+    "--modelname": True, "--batchsize": True, "--dtype": True, "--devices": True, "--device": True,
+    "--json": "optional", "--sweep-state": True, "--point-timeout": True, "-q": False, "--quiet": False,
+    "--debug": False, "collect": False}
+
+
+def strip_flags(argv: Sequence[str], flags: dict[str, bool | str] = POINT_FLAGS) -> list[str]:
+    """``argv`` without ``flags`` (each ``True`` when it takes a value, as ``--flag V`` or ``--flag=V``;
+    ``"optional"`` when it may)."""
+    out: list[str] = []
+    skip = pending_optional = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if pending_optional:  # a flag whose value is optional (--json [FILE]) took this one if it is a value
+            pending_optional = False
+            if arg == "-" or not arg.startswith("-"):
+                continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            if flags[name] == "optional":
+                pending_optional = "=" not in arg
+            else:
+                skip = bool(flags[name]) and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def state_path(dataset: str | Path, base_argv: Sequence[str]) -> Path:
+    """The default state file of a sweep: beside the dataset, named after the command's other flags."""
+    dataset = Path(dataset)
+    stem = dataset.name.split(".")[0] or "opbench"
+    return dataset.with_name(f"{stem}.sweep-{digest(sorted(base_argv))[:10]}.json")
+
+
+def point_command(base_argv: Sequence[str], point: Point, json_path: Path) -> list[str]:
+    """The child process's command: ``opbench collect`` with the point's flags, quiet, JSON to a file."""
+    return [sys.executable, "-m", "opbench.cli.main", "collect", *base_argv, *point.flags(), "-q",
+            "--json", str(json_path)]
+
+
+def _describe(code: int, log_path: Path) -> str:
+    """What a child's exit status means, with its last error line."""
+    if code in FINISHED:
+        return "ok" if code == 0 else "finished, some operators failed"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"crashed ({name})"
+    if code in (130, 143):
+        return "interrupted"
+    last = ""
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()]
+        last = (errors or lines or [""])[-1]
+    except OSError:
+        pass
+    return f"failed (exit {code}){': ' + last[:160] if last else ''}"
+
+
+class Sweep:
+    """Run every point in its own process, one worker per device, keeping the state for a resume.
+
+    Parameters
+    ----------
+    base_argv:
+        ``collect``'s flags other than the point's (:func:`strip_flags` of the command line).
+    points:
+        What to measure.
+    devices:
+        GPU indices (one worker each, the child sees only its GPU), or ``[None]`` for one worker that
+        keeps this process's environment (a CPU sweep, or one GPU).
+    state:
+        The state file (:func:`state_path`).
+    command:
+        Makes a point's command (default :func:`point_command`).
+    timeout:
+        Seconds a point may run before it is killed (None: no limit).
+    """
+
+    def __init__(self, base_argv: Sequence[str], points: Sequence[Point], devices: Sequence[int | None],
+                 state: Path, command: Callable[[Sequence[str], Point, Path], list[str]] = point_command,
+                 timeout: float | None = None, progress: bool = True) -> None:
+        self.base_argv, self.points, self.devices = list(base_argv), list(points), list(devices) or [None]
+        self.state_file, self.command, self.timeout, self.progress = Path(state), command, timeout, progress
+        self.logs = self.state_file.with_suffix("")
+        self.state = self._load()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._done = 0
+        self.resumed = 0
+
+    # state ------------------------------------------------------------------------------------------------
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {"points": {}}
+        return data if isinstance(data.get("points"), dict) else {"points": {}}
+
+    def _save(self) -> None:
+        self.state["command"] = self.base_argv
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
+        os.replace(tmp, self.state_file)
+
+    def finished(self, point: Point) -> bool:
+        """True when an earlier run of this sweep finished ``point`` (it is not run again)."""
+        return self.state["points"].get(point.key, {}).get("exit") in FINISHED
+
+    # running ----------------------------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        """Run the points not finished yet; every point's record (earlier ones marked ``resumed``)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        todo = [p for p in self.points if not self.finished(p)]
+        self.resumed = len(self.points) - len(todo)
+        if len(todo) < len(self.points):
+            log.info("sweep: %d of %d points finished in an earlier run (%s), %d to run",
+                     len(self.points) - len(todo), len(self.points), self.state_file, len(todo))
+        work: queue.Queue[Point] = queue.Queue()
+        for p in todo:
+            work.put(p)
+        self._total = len(todo)
+        workers = [threading.Thread(target=self._worker, args=(device, work), daemon=True)
+                   for device in self.devices[:max(1, len(todo))]]
+        for w in workers:
+            w.start()
+        try:
+            for w in workers:
+                while w.is_alive():
+                    w.join(0.2)
+        except KeyboardInterrupt:
+            self._stop.set()
+            for w in workers:
+                w.join()
+            raise
+        return self.records()
+
+    def _worker(self, device: int | None, work: queue.Queue[Point]) -> None:
+        from ..runtime.device import child_env
+
+        env = child_env(device) if device is not None else dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                          env.get("PYTHONPATH")]))
+        while not self._stop.is_set():
+            try:
+                point = work.get_nowait()
+            except queue.Empty:
+                return
+            self._run_point(point, device, env)
+
+    def _run_point(self, point: Point, device: int | None, env: dict[str, str]) -> None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in point.key.replace("|", "-"))[-80:]
+        json_path, log_path = self.logs / f"{safe}.json", self.logs / f"{safe}.log"
+        json_path.unlink(missing_ok=True)
+        start = time.monotonic()
+        with open(log_path, "w") as out:
+            child = subprocess.Popen(self.command(self.base_argv, point, json_path), stdout=out,
+                                     stderr=subprocess.STDOUT, env=env)
+            try:  # a Ctrl-C reaches the child too (one process group): it saves what it finished and exits
+                code = child.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.wait()
+                out.write(f"\nopbench sweep: killed after {self.timeout:g} s\n")
+        seconds = time.monotonic() - start
+        summary = None
+        try:
+            summary = json.loads(json_path.read_text())
+        except (OSError, ValueError):
+            pass
+        record = {"model": point.model, "batch": point.batch, "dtype": point.dtype, "device": device,
+                  "exit": code, "status": _describe(code, log_path), "seconds": round(seconds, 1),
+                  "log": str(log_path), "summary": summary}
+        with self._lock:
+            self.state["points"][point.key] = record
+            self._save()
+            self._done += 1
+            if self.progress:
+                where = f" on GPU {device}" if device is not None else ""
+                log.info("[%d/%d] %s%s: %s (%.0f s)", self._done, self._total, point.label, where,
+                         record["status"], seconds)
+        if code in (130, 143):
+            self._stop.set()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every point's record in sweep order (None where a point has not run)."""
+        out = []
+        for p in self.points:
+            rec = self.state["points"].get(p.key)
+            out.append(rec if rec is not None else {"model": p.model, "batch": p.batch, "dtype": p.dtype,
+                                                     "device": None, "exit": None, "status": "not run",
+                                                     "seconds": None, "summary": None})
+        return out
+
+
+def format_sweep(records: Sequence[dict[str, Any]]) -> str:
+    """The sweep's summary table: one line per point."""
+    head = (f"{'model':<22}{'batch':>6}{'dtype':>10}{'GPU':>5}{'ops':>6}{'failed':>7}{'sum ops ms':>12}"
+            f"{'VM ms':>10}{'VM p90 ms':>11}{'seconds':>9}  status")
+    lines = [head, "-" * len(head)]
+
+    def num(value: Any, fmt: str, width: int) -> str:
+        return f"{value:>{width}{fmt}}" if isinstance(value, int | float) else f"{'-':>{width}}"
+
+    for r in records:
+        s = r.get("summary") or {}
+        s = s[0] if isinstance(s, list) and s else s
+        gpu = "-" if r.get("device") is None else str(r["device"])
+        lines.append(f"{str(r['model'])[:21]:<22}{r['batch']:>6}{r['dtype']:>10}{gpu:>5}"
+                     f"{num(s.get('operators'), 'd', 6)}{num(s.get('failed'), 'd', 7)}"
+                     f"{num(s.get('sum_op_latency_ms'), '.3f', 12)}{num(s.get('vm_latency_ms'), '.3f', 10)}"
+                     f"{num(s.get('vm_latency_p90_ms'), '.3f', 11)}{num(r.get('seconds'), '.0f', 9)}  {r['status']}")
+    return "\n".join(lines)
+
+
+__all__ = ["FINISHED", "POINT_FLAGS", "Point", "Sweep", "cross", "format_sweep", "point_command", "state_path",
+           "strip_flags"]

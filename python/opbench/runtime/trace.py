@@ -1,0 +1,181 @@
+"""Measured timelines of a schedule: every operator's start and end, written as a Chrome trace.
+
+:func:`trace_schedule` replays a schedule with a timing mark around each operator: on the GPU a pair
+of CUDA events on the operator's stream, captured with the schedule in its CUDA Graph; on the CPU the
+host clock in each stream's thread. The marks perturb what they measure (an event is a small command
+on the stream, and it splits kernels that would otherwise launch back to back), so a traced run is a
+little slower than the untraced one; the trace says so. Each operator's start and end are the median
+over ``repeat`` replays, relative to the replay's start.
+
+:func:`chrome_trace` turns traced runs into the Trace Event Format that ``chrome://tracing``,
+Perfetto (ui.perfetto.dev) and ``opbench report --trace`` read: one process per schedule, one
+thread (lane) per stream, one complete event per operator with its index, kind, function and shapes.
+:func:`nvtx_profile` runs the schedule uncaptured under ``torch.profiler`` with an NVTX range per
+operator, so that Nsight Systems (``nsys profile``) shows the project's operator names on the real
+streams.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..schedule import Schedule
+from .backend import KernelBackend
+from .executor import ParallelExecutor
+
+NOTE = ("measured with a timing mark around each operator (CUDA events on its stream on a GPU, the host clock in "
+        "its thread on a CPU); the marks slow the run a little, so durations are close to but not the same "
+        "as an unmarked run")
+
+
+def trace_schedule(backend: KernelBackend, schedule: Schedule, repeat: int = 5) -> dict[str, Any]:
+    """Run ``schedule`` ``repeat`` times with a timing mark around each operator.
+
+    Returns ``{"schedule", "streams", "total_us", "spans": [{"op", "stream", "start_us", "dur_us"}]}``
+    (medians over the runs, relative to each run's start), spans in launch order.
+    """
+    executor = ParallelExecutor(backend, schedule)
+    runs = _gpu_runs(executor, repeat) if backend.is_cuda else _cpu_runs(executor, repeat)
+    spans = []
+    for op in schedule.order:
+        starts = [r[op][0] for r in runs]
+        ends = [r[op][1] for r in runs]
+        start = statistics.median(starts)
+        spans.append({"op": op, "stream": schedule.stream_of[op], "start_us": start,
+                      "dur_us": max(0.0, statistics.median(ends) - start)})
+    total = statistics.median(max(end for _, end in r.values()) for r in runs)
+    return {"schedule": schedule.name, "streams": len(set(schedule.stream_of)), "total_us": total, "spans": spans}
+
+
+def _cpu_runs(executor: ParallelExecutor, repeat: int) -> list[dict[int, tuple[float, float]]]:
+    executor.run()  # warm-up
+    runs = []
+    for _ in range(repeat):
+        marks: dict[int, tuple[int, int]] = {}
+        origin = time.perf_counter_ns()
+        if len(set(executor.schedule.stream_of)) == 1:  # one stream: the calling thread, as run() does
+            for op in executor.schedule.order:
+                begin = time.perf_counter_ns()
+                executor.backend.launch(op)
+                marks[op] = (begin, time.perf_counter_ns())
+        else:
+            executor._run_threads(marks)
+        runs.append({op: ((b - origin) / 1e3, (e - origin) / 1e3) for op, (b, e) in marks.items()})
+    return runs
+
+
+def _gpu_runs(executor: ParallelExecutor, repeat: int) -> list[dict[int, tuple[float, float]]]:
+    import torch
+
+    from .graphs import capture_graph
+
+    marks: dict[int, tuple[Any, Any]] = {}
+
+    def launch(origin: Any) -> Any:
+        marks.clear()
+        start = torch.cuda.Event(enable_timing=True, external=True)
+        start.record(origin)
+        executor.launch_all(origin, marks)
+        return start
+
+    captured = capture_graph(launch)
+    start = captured.result
+    runs = []
+    for _ in range(repeat + 1):
+        captured.replay()
+        torch.cuda.synchronize()
+        runs.append({op: (start.elapsed_time(b) * 1e3, start.elapsed_time(e) * 1e3) for op, (b, e) in marks.items()})
+    return runs[1:]  # the first replay warms the graph up
+
+
+def _node_args(node: Any) -> dict[str, Any]:
+    def shapes(value: Any) -> str:
+        return " ".join("x".join(str(d) for d in s) for s in value or [])
+
+    return {"op_index": node.index, "kind": getattr(node, "kind", "?"), "func": getattr(node, "func", ""),
+            "inputs": shapes(getattr(node, "input_shapes", None)),
+            "outputs": shapes(getattr(node, "output_shapes", None))}
+
+
+def chrome_trace(backend: KernelBackend, traced: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Traced runs (:func:`trace_schedule`) as one Chrome trace: a process per schedule, a lane per stream."""
+    events: list[dict[str, Any]] = []
+    lane = "thread" if not backend.is_cuda else "stream"
+    for pid, run in enumerate(traced, start=1):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": f"{run['schedule']} ({run['total_us'] / 1e3:.3f} ms traced)"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        for stream in sorted({s["stream"] for s in run["spans"]}):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": stream,
+                           "args": {"name": f"{lane} {stream}"}})
+        for s in run["spans"]:
+            node = backend.graph[s["op"]]
+            args = _node_args(node)
+            events.append({"ph": "X", "name": f"#{s['op']} {args['kind']}", "cat": args["kind"], "pid": pid,
+                           "tid": s["stream"], "ts": round(s["start_us"], 3), "dur": round(s["dur_us"], 3),
+                           "args": {**args, "stream": s["stream"]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"note": NOTE, "backend": backend.name, "device": backend.device_name,
+                          "operators": len(backend.graph), **(meta or {}),
+                          "schedules": [{k: v for k, v in run.items() if k != "spans"} for run in traced]}}
+
+
+def write_trace(path: str | Path, trace: dict[str, Any]) -> None:
+    """Write a Chrome trace (:func:`chrome_trace`) as JSON."""
+    Path(path).write_text(json.dumps(trace) + "\n")
+
+
+def read_trace(path: str | Path) -> dict[str, Any]:
+    """A Chrome trace written by :func:`write_trace`, checked to be one."""
+    from ..errors import OpBenchError
+
+    try:
+        data = json.loads(Path(path).read_text())
+        events = data["traceEvents"]
+        assert isinstance(events, list)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise OpBenchError(f"'{path}' is not a trace written by 'opbench compare --trace' (accepted: a Chrome trace "
+                           "JSON file)") from None
+    return data
+
+
+def nvtx_profile(backend: KernelBackend, schedule: Schedule, path: str | Path | None = None) -> None:
+    """Run ``schedule`` once, uncaptured, under ``torch.profiler`` with an NVTX range around each operator
+    (``#index kind``) on its stream; with ``path``, the profiler's own Chrome trace is exported there.
+    Run under ``nsys profile`` to see the ranges on Nsight Systems' timeline."""
+    import torch
+
+    executor = ParallelExecutor(backend, schedule)
+    if not executor._streams:
+        executor._streams = [executor._stream(i) for i in range(max(schedule.stream_of, default=0) + 1)]
+    launch = backend.launch
+
+    def named(op: int) -> None:
+        node = backend.graph[op]
+        torch.cuda.nvtx.range_push(f"#{op} {getattr(node, 'kind', '?')} {getattr(node, 'func', '')}"[:120])
+        try:
+            launch(op)
+        finally:
+            torch.cuda.nvtx.range_pop()
+
+    backend.launch = named  # type: ignore[method-assign]
+    try:
+        executor.launch_all(torch.cuda.current_stream())  # warm-up, outside the profile
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            executor.launch_all(torch.cuda.current_stream())
+            torch.cuda.synchronize()
+    finally:
+        del backend.launch
+    if path is not None:
+        prof.export_chrome_trace(str(path))
+
+
+__all__ = ["NOTE", "chrome_trace", "nvtx_profile", "read_trace", "trace_schedule", "write_trace"]

@@ -1,0 +1,101 @@
+"""Sweeps: each point in its own process (a crash costs that point only), resumed from the state file,
+the flags of a point's command, the cross product, and a real sweep of two tiny models."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+
+from helpers import FAST, run
+from opbench.pipeline.sweep import Point, Sweep, cross, format_sweep, strip_flags
+
+WORKER = """
+import json, os, signal, sys
+point, out, log = sys.argv[1], sys.argv[2], sys.argv[3]
+open(log, "a").write(point + "\\n")
+if point.startswith("crash"):
+    os.kill(os.getpid(), signal.SIGKILL)
+if point.startswith("bad"):
+    sys.stderr.write("opbench: error: unknown model 'bad'\\n")
+    sys.exit(2)
+json.dump({"operators": 3, "failed": 0, "sum_op_latency_ms": 1.5, "vm_latency_ms": 1.0}, open(out, "w"))
+"""
+
+
+def _fake(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    ran = tmp_path / "ran.txt"
+
+    def command(base, point, json_path):
+        return [sys.executable, str(script), point.model, str(json_path), str(ran)]
+
+    return command, ran
+
+
+def test_a_crashing_point_costs_only_itself_and_a_rerun_resumes(tmp_path):
+    command, ran = _fake(tmp_path)
+    points = cross(["a", "crash", "bad", "b"], [1, 8], ["float16"])
+    state = tmp_path / "d.sweep-x.json"
+    records = Sweep([], points, [None], state, command=command, progress=False).run()
+    by = {(r["model"], r["batch"]): r for r in records}
+    assert [by[("a", 1)]["exit"], by[("b", 8)]["exit"]] == [0, 0]
+    assert by[("crash", 1)]["status"] == "crashed (SIGKILL)" and by[("crash", 1)]["summary"] is None
+    assert by[("bad", 8)]["status"].startswith("failed (exit 2): opbench: error: unknown model 'bad'")
+    assert by[("a", 1)]["summary"]["operators"] == 3
+    assert len(ran.read_text().split()) == 8  # every point ran once, after the crash too
+    saved = json.loads(state.read_text())["points"]
+    assert sorted(saved) == sorted(p.key for p in points)
+    # the same sweep again: the finished points are skipped, the crashed and failed ones run again
+    ran.unlink()
+    again = Sweep([], points, [None], state, command=command, progress=False).run()
+    assert sorted(ran.read_text().split()) == ["bad", "bad", "crash", "crash"]
+    assert [r["exit"] for r in again] == [r["exit"] for r in records]
+    table = format_sweep(again)
+    assert table.count("\n") == len(points) + 1 and "crashed (SIGKILL)" in table
+
+
+def test_points_spread_over_devices_see_only_their_gpu(tmp_path, monkeypatch):
+    script = tmp_path / "env.py"
+    script.write_text("import json, os, sys\njson.dump({'gpus': os.environ.get('CUDA_VISIBLE_DEVICES')}, "
+                      "open(sys.argv[1], 'w'))\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    points = cross(["m"], [1, 2, 3, 4], ["float32"])
+    records = Sweep([], points, [0, 1], tmp_path / "s.json", progress=False,
+                    command=lambda base, p, out: [sys.executable, str(script), str(out)]).run()
+    seen = {(r["device"], r["summary"]["gpus"]) for r in records}
+    assert seen <= {(0, "4"), (1, "6")} and {d for d, _ in seen} <= {0, 1}
+
+
+def test_cross_product_and_point_flags():
+    points = cross(["a", "b"], [1, 8], ["float16", "bfloat16"])
+    assert len(points) == 8 and points[0] == Point("a", 1, "float16") and points[-1] == Point("b", 8, "bfloat16")
+    argv = ["--modelsource", "simple", "--modelname", "a,b", "--batchsize=1,8", "--json", "--repeat", "3",
+            "--devices", "0,1", "-q", "--json=x.json", "--dtype", "fp16"]
+    assert strip_flags(argv) == ["--modelsource", "simple", "--repeat", "3"]
+    assert strip_flags(["--json", "-", "--force"]) == ["--force"]
+
+
+def test_a_real_sweep_keeps_the_good_points(tmp_path):
+    path = tmp_path / "d.sqlite"
+    models = "matmul:n=16,matmul:n=24"
+    proc = run("--modelsource", "simple", "--modelname", models, "--batchsize", "1,2", *FAST,
+               "--dataset", str(path), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert [(p["model"], p["batch"], p["status"]) for p in summary["points"]] == [
+        ("matmul:n=16", 1, "ok"), ("matmul:n=16", 2, "ok"), ("matmul:n=24", 1, "ok"), ("matmul:n=24", 2, "ok")]
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT model, batch_size, latency_p90_s >= latency_p10_s FROM operators "
+                            "ORDER BY batch_size, input_shapes").fetchall()
+    assert len(rows) == 4 and all(r[2] == 1 for r in rows)
+    again = run("--modelsource", "simple", "--modelname", models, "--batchsize", "1,2", *FAST,
+                "--dataset", str(path))
+    assert again.returncode == 0 and "4 of 4 points finished (4 in an earlier run)" in again.stdout, again.stdout
+
+
+def test_a_sweep_with_an_unknown_model_fails_before_any_point(tmp_path):
+    proc = run("--modelsource", "local", "--modelname", "resnet-18,resnet-99", "--dataset", str(tmp_path / "d.sqlite"))
+    assert proc.returncode == 2 and "unknown model 'resnet-99'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "d.sqlite").exists()
