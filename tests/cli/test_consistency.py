@@ -91,3 +91,12 @@ def test_export_refuses_a_foreign_file_in_one_line(tmp_path):
     out = run("export", "--dataset", str(foreign), "--out", str(tmp_path / "x.csv"), script=False)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_json_file_is_written_where_asked(tmp_path):
+    out = run("models", "--json", str(tmp_path / "m.json"), script=False)
+    assert out.returncode == 0, out.stderr
+    assert "resnet-18" in json.loads((tmp_path / "m.json").read_text())["local"]
+    assert out.stdout.startswith("local: ")  # the list still goes to the terminal
+    stdout = run("models", "--json", script=False)
+    assert "resnet-18" in json.loads(stdout.stdout)["local"]

@@ -103,7 +103,7 @@ def add_json_flag(p: Any, what: str, default: str | None = None) -> None:
 
 
 class Deprecated(argparse.Action):
-    """An old flag name kept for one release: it warns once and stores into the new flag's place
+    """An old flag name kept for one release: each use warns and stores into the new flag's place
     (values of list flags are joined with commas)."""
 
     def __init__(self, option_strings: Any, dest: str, new: str = "", **kwargs: Any) -> None:
@@ -222,22 +222,16 @@ def _source_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def batch_sizes(args: argparse.Namespace) -> list[int]:
-    """``--batchsize`` as a list (``1,8,32``), each size checked and its memory estimated before any
-    model is loaded; a bad item or a size that would not fit is a one-line error."""
-    from ..models import check_batch_size, check_dtype, check_fits
+    """``--batchsize`` as a list (``1,8,32``), each size checked (a bad item is a one-line error; the
+    memory each would take is estimated by :func:`sweep_points`)."""
+    from ..models import check_batch_size
 
     text = str(args.batchsize)
     items = [item.strip() for item in text.split(",")]
     if not all(items):
         raise OpBenchError(f"bad --batchsize '{text}': an empty item (accepted: positive integers, comma-separated, "
                            "e.g. 1,8,32)")
-    sizes = list(dict.fromkeys(check_batch_size(item) for item in items))
-    if "," not in str(args.dtype):
-        check_dtype(args.dtype)
-    if "," not in str(args.modelname):
-        for size in sizes:
-            check_fits(args.modelsource, args.modelname, size, **_source_options(args))
-    return sizes
+    return list(dict.fromkeys(check_batch_size(item) for item in items))
 
 
 def model_names(text: str) -> list[str]:

@@ -43,8 +43,8 @@ def add_parsers(sub: Any) -> None:
                                    "'corun' (a co-run group's time and slowdowns) or 'trials' (a candidate schedule's "
                                    "speed relative to its task's best, for ranking). Metrics are cross-validated on "
                                    "held-out groups (the split), then the saved model is fit on every row; with "
-                                   "--out, the held-out predictions are stored beside it (FILE.heldout.json) and in "
-                                   "the dataset, for the report.")
+                                   "--out, the latency predictor's held-out predictions are stored beside it "
+                                   "(FILE.heldout.json), for the report.")
     p.add_argument("--dataset", default=None, help=f"dataset (.sqlite, or .sqlite.gz read only; default: "
                                                    f"$OPBENCH_DATASET or {default_dataset})")
     p.add_argument("--what", required=True, choices=WHATS, help="what to predict")

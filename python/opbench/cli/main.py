@@ -312,8 +312,7 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
         if args.iftune and len(devices) > 1:
             raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
                                "tune on one GPU first, then sweep the tuned kernels with --database")
-    elif args.gpu is not None:
-        devices = [args.gpu]
+    # with --device N this process already sees only that GPU (main), and the points inherit it
     base = strip_flags(args.argv)
     state = Path(args.sweep_state) if args.sweep_state else state_path(path, base)
     where = f" on GPUs {','.join(map(str, devices))}" if devices != [None] else ""
@@ -493,16 +492,11 @@ def _print_comparison(result: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..ir.regions import CUTS
     from ..pipeline.compare import compare, model_backend
-    from ..pipeline.compile import check_kernels, merge_mode
+    from ..pipeline.compile import merge_mode
     from ..runtime import is_gpu, resolve_target
-    from ..runtime.backend import KernelBackend
 
-    KernelBackend.check_kind(args.backend)
-    check_kernels(args.kernels)
-    if args.cut not in ("auto", *CUTS):
-        raise OpBenchError(f"unknown --cut '{args.cut}' (accepted: auto, {', '.join(CUTS)})")
+    # --backend, --kernels and --cut are argparse choices: checked before this runs
     merge = merge_mode(args.merge)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
@@ -546,14 +540,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     fmt = export_format(args.out, args.format)
     for target in export_targets(args.out, tables):
         check_output_path(target, "--out")
+    check_output_path(args.json, "--json")
     Dataset(path, readonly=True).close()  # a file that is not a dataset is refused before anything is said
     log.info("exporting %s from %s", ", ".join(tables), path)
     written = export(path, fmt, args.out, tables)
     with Dataset(path, readonly=True) as ds:
         files = [{"table": t, "path": str(w), "rows": ds.count(t)} for t, w in zip(tables, written, strict=True)]
     if args.json:
-        write_json("-", {"dataset": os.path.abspath(path), "format": fmt, "files": files})
-    else:
+        write_json(args.json, {"dataset": os.path.abspath(path), "format": fmt, "files": files})
+    if args.json != "-":
         for f in files:
             print(f"wrote {f['path']} ({f['rows']} rows of {f['table']})")
     return EXIT_OK
@@ -586,9 +581,11 @@ def cmd_configspace(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from ..models import list_sources
 
+    check_output_path(args.json, "--json")
     sources = list_sources()
     if args.json:
-        write_json("-", sources)
+        write_json(args.json, sources)
+    if args.json == "-":
         return EXIT_OK
     for source, names in sources.items():
         print(f"{source}: {', '.join(names)}")

@@ -275,7 +275,6 @@ def format_sweep(records: Sequence[dict[str, Any]]) -> str:
 
     for r in records:
         s = r.get("summary") or {}
-        s = s[0] if isinstance(s, list) and s else s
         gpu = "-" if r.get("device") is None else str(r["device"])
         lines.append(f"{str(r['model'])[:21]:<22}{r['batch']:>6}{r['dtype']:>10}{gpu:>5}"
                      f"{num(s.get('operators'), 'd', 6)}{num(s.get('failed'), 'd', 7)}"

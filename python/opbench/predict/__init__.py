@@ -85,15 +85,14 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         kind = next(iter(tasks.values()))["target_kind"]
         fitted = lambda m: trials.TrialsPredictor.fit(list(tasks.values()), seed, m)  # noqa: E731
     meta.update(device_name=device_name, target_kind=kind, metrics=report["metrics"])
-    predicted = report.pop("predicted", None)
+    predicted, held = report.pop("predicted", None), report.pop("predicted_rows", None)
     result = {"what": what, "split": split, **report, "device_name": device_name, "target_kind": kind,
               "features": features if what == "latency" else None}
     if out is not None:
         model = fitted(meta)
         model.save(out)
         result["model_file"] = str(out)
-        if what == "latency" and predicted is not None:
-            held = [r for r in rows if not latency.sampled(r)]
+        if held is not None:  # the latency predictor's held-out rows, in the order of their predictions
             result["heldout_file"] = str(write_heldout(out, result, held, predicted))
     result["seconds"] = time.perf_counter() - start
     return result

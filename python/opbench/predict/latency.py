@@ -110,7 +110,9 @@ def group_of(rows: Sequence[dict[str, Any]], split: str) -> list[str]:
 
 def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set: str = "graph+launch", seed: int = 0
              ) -> dict[str, Any]:
-    """Cross-validated held-out metrics (see :mod:`opbench.predict.splits`)."""
+    """Cross-validated held-out metrics (see :mod:`opbench.predict.splits`); ``predicted`` holds each
+    held-out operator's prediction, in the order of ``predicted_rows`` (the rows of models, sampled-kernel
+    rows left out: those only ever train)."""
     check_split(split)
     if feature_set not in FEATURE_SETS:
         raise OpBenchError(f"unknown --features '{feature_set}' (accepted: {', '.join(FEATURE_SETS)})")
@@ -149,7 +151,7 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
             "metrics": metrics,
             "per_kind": per_kind, "per_dtype": per_dtype,
             "held_out": sorted(held_out, key=lambda h: (h["model"], h["dtype"], h["batch_size"] or 0)),
-            "predicted": predicted}
+            "predicted": predicted, "predicted_rows": rows}
 
 
 def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) -> list[dict[str, Any]]:

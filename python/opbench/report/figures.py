@@ -42,6 +42,11 @@ def _log_axes(ax: Any, which: str) -> None:
         axis.set_minor_formatter(NullFormatter())
 
 
+def _cell(value: Any, spec: str) -> str:
+    """A table cell: ``value`` formatted by ``spec``, ``-`` where there is none."""
+    return "-" if value is None else format(value, spec)
+
+
 class Missing(Exception):
     """The dataset lacks what a figure needs (the message says what to collect)."""
 
@@ -150,7 +155,7 @@ class ReportData:
     def summary_table(self) -> str:
         """An HTML table: each workload's operators, summed and whole-model latency, co-runs, trials; totals."""
         def ms(v: Any) -> str:
-            return "-" if v is None else f"{v:.3f}"
+            return _cell(v, ".3f")
 
         head = ("<table><tr><th>workload</th><th>operators</th><th>sum of operators (ms)</th>"
                 "<th>whole model (ms)</th><th>whole model p90 (ms)</th><th>co-run groups</th><th>trials</th></tr>")
@@ -169,13 +174,11 @@ class ReportData:
                 "<th>median ms</th><th>p90 ms</th><th>share of workload</th><th>GFLOP/s</th></tr>")
         body = []
         for t in self.top_operators():
-            p90 = "-" if t["p90_ms"] is None else f"{t['p90_ms']:.4f}"
-            share = "-" if t["share"] is None else f"{t['share']:.0%}"
-            gflops = "-" if t["gflops"] is None else f"{t['gflops']:.0f}"
             body.append(f"<tr><td>{html.escape(t['workload'])}</td><td>{t['op_index']}</td>"
                         f"<td>{html.escape(t['func'][:48])}</td><td>{html.escape(t['kind'])}</td>"
-                        f"<td>{html.escape(t['output'])}</td><td>{t['median_ms']:.4f}</td><td>{p90}</td>"
-                        f"<td>{share}</td><td>{gflops}</td></tr>")
+                        f"<td>{html.escape(t['output'])}</td><td>{t['median_ms']:.4f}</td>"
+                        f"<td>{_cell(t['p90_ms'], '.4f')}</td><td>{_cell(t['share'], '.0%')}</td>"
+                        f"<td>{_cell(t['gflops'], '.0f')}</td></tr>")
         return head + "".join(body) + "</table>"
 
 

@@ -39,6 +39,13 @@ def visible_gpus() -> list[str] | None:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def visible_item(index: int) -> str:
+    """How ``CUDA_VISIBLE_DEVICES`` names this process's GPU ``index`` (an index or a UUID); the index
+    itself when the variable is not set (or names fewer GPUs)."""
+    items = visible_gpus()
+    return items[index] if items is not None and index < len(items) else str(index)
+
+
 def gpu_count() -> int | None:
     """How many GPUs this process may use, without initialising CUDA: ``CUDA_VISIBLE_DEVICES``'s items
     when it is set, else NVML's count; None when neither can tell."""
@@ -99,8 +106,7 @@ def select_gpu(index: int, flag: str = "--device") -> None:
     global _index
     check_index(index, flag)
     if not cuda_initialised():
-        items = visible_gpus()
-        os.environ[_ENV] = items[index] if items is not None else str(index)
+        os.environ[_ENV] = visible_item(index)
         _index = 0
         return
     _index = index
@@ -111,8 +117,7 @@ def select_gpu(index: int, flag: str = "--device") -> None:
 
 def child_env(index: int) -> dict[str, str]:
     """The environment of a worker process that measures on GPU ``index`` of this process's GPUs."""
-    items = visible_gpus()
-    return {**os.environ, _ENV: items[index] if items is not None else str(index)}
+    return {**os.environ, _ENV: visible_item(index)}
 
 
 def gpu_uuid(index: int | None = None) -> str:
@@ -124,8 +129,7 @@ def gpu_uuid(index: int | None = None) -> str:
     if torch is not None and torch.cuda.is_available():
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-    items = visible_gpus()
-    return items[index] if items is not None and index < len(items) else str(index)
+    return visible_item(index)
 
 
 def nvml_handle(pynvml: Any, index: int | None = None) -> Any:
@@ -138,4 +142,4 @@ def nvml_handle(pynvml: Any, index: int | None = None) -> Any:
 
 
 __all__ = ["check_index", "child_env", "cuda_initialised", "gpu_count", "gpu_index", "gpu_uuid", "nvml_handle",
-           "nvml_query", "parse_devices", "select_gpu", "visible_gpus"]
+           "nvml_query", "parse_devices", "select_gpu", "visible_gpus", "visible_item"]

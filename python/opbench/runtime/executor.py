@@ -16,15 +16,19 @@ older driver, the CPU) the schedule runs unpartitioned after one INFO line.
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from ..schedule import Schedule
 from . import green
 from .backend import KernelBackend
 from .graphs import CapturedGraph, capture_graph, fork_join
+
+#: ``around(op, stream)``: a context an operator's launch runs in (``stream``: a CUDA stream, or the number of
+#: the stream whose thread runs it on the CPU)
+Around = Callable[[int, Any], AbstractContextManager[Any]]
 
 
 class ParallelExecutor:
@@ -53,10 +57,10 @@ class ParallelExecutor:
             green.say_off("SM partitions are off on the CPU: its streams are threads")
 
     # GPU -------------------------------------------------------------------------------------
-    def launch_all(self, origin: Any, marks: dict[int, tuple[Any, Any]] | None = None) -> None:
+    def launch_all(self, origin: Any, around: Around | None = None) -> None:
         """Launch the schedule from stream ``origin``: forked onto the worker streams, in the global
         order, each operator waiting on the events of its cross-stream producers, joined back.
-        ``marks``: filled with a pair of timing events around each operator, on its stream (a trace)."""
+        ``around(op, stream)``: a context each operator's launch runs in (a trace's timing marks, NVTX)."""
         import torch
 
         if not self._streams:
@@ -70,14 +74,8 @@ class ParallelExecutor:
                 stream = self._streams[self.schedule.stream_of[op]]
                 for u in self._waits[op]:
                     stream.wait_event(done[u])
-                if marks is not None:
-                    begin, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-                    begin.record(stream)
-                with self.backend.on_stream(stream):
+                with self.backend.on_stream(stream), around(op, stream) if around else nullcontext():
                     self.backend.launch(op)
-                if marks is not None:
-                    end.record(stream)
-                    marks[op] = (begin, end)
                 if op in self._records:
                     event = torch.cuda.Event()
                     event.record(stream)
@@ -105,9 +103,9 @@ class ParallelExecutor:
         self.cuda_graph.replay()
 
     # CPU -------------------------------------------------------------------------------------
-    def _run_threads(self, marks: dict[int, tuple[int, int]] | None = None) -> None:
-        """Each stream's operators on a thread of its own; ``marks``: filled with each operator's
-        start and end on the host clock (``time.perf_counter_ns``)."""
+    def _run_threads(self, around: Around | None = None) -> None:
+        """Each stream's operators on a thread of its own (``around``: as in :meth:`launch_all`, with the
+        stream's number)."""
         done = {op: threading.Event() for op in self._records}
         errors: list[BaseException] = []
 
@@ -116,10 +114,8 @@ class ParallelExecutor:
                 for op in ops:
                     for u in self._waits[op]:
                         done[u].wait()
-                    begin = time.perf_counter_ns() if marks is not None else 0
-                    self.backend.launch(op)
-                    if marks is not None:
-                        marks[op] = (begin, time.perf_counter_ns())
+                    with around(op, self.schedule.stream_of[op]) if around else nullcontext():
+                        self.backend.launch(op)
                     if op in done:
                         done[op].set()
             except BaseException as err:  # surface in the caller
@@ -135,8 +131,9 @@ class ParallelExecutor:
         if errors:
             raise errors[0]
 
-    def run(self, inputs: Sequence[Any] | None = None) -> list[Any]:
-        """Run once (replaying the CUDA Graph on the GPU) and return the outputs."""
+    def run(self, inputs: Sequence[Any] | None = None, around: Around | None = None) -> list[Any]:
+        """Run once (replaying the CUDA Graph on the GPU) and return the outputs (``around``: on the CPU,
+        a context each operator runs in, as in :meth:`launch_all`)."""
         if inputs is not None:
             self.backend.set_inputs(inputs)
         if self.backend.is_cuda:
@@ -145,7 +142,8 @@ class ParallelExecutor:
             self.cuda_graph.replay()
         elif len(set(self.schedule.stream_of)) == 1:
             for op in self.schedule.order:
-                self.backend.launch(op)
+                with around(op, self.schedule.stream_of[op]) if around else nullcontext():
+                    self.backend.launch(op)
         else:
-            self._run_threads()
+            self._run_threads(around)
         return self.backend.outputs()

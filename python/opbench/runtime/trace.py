@@ -17,10 +17,11 @@ streams.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +54,20 @@ def trace_schedule(backend: KernelBackend, schedule: Schedule, repeat: int = 5) 
 
 
 def _cpu_runs(executor: ParallelExecutor, repeat: int) -> list[dict[int, tuple[float, float]]]:
+    marks: dict[int, tuple[int, int]] = {}
+
+    @contextlib.contextmanager
+    def mark(op: int, _stream: Any) -> Iterator[None]:
+        begin = time.perf_counter_ns()
+        yield
+        marks[op] = (begin, time.perf_counter_ns())
+
     executor.run()  # warm-up
     runs = []
     for _ in range(repeat):
-        marks: dict[int, tuple[int, int]] = {}
+        marks.clear()
         origin = time.perf_counter_ns()
-        if len(set(executor.schedule.stream_of)) == 1:  # one stream: the calling thread, as run() does
-            for op in executor.schedule.order:
-                begin = time.perf_counter_ns()
-                executor.backend.launch(op)
-                marks[op] = (begin, time.perf_counter_ns())
-        else:
-            executor._run_threads(marks)
+        executor.run(around=mark)
         runs.append({op: ((b - origin) / 1e3, (e - origin) / 1e3) for op, (b, e) in marks.items()})
     return runs
 
@@ -76,14 +79,22 @@ def _gpu_runs(executor: ParallelExecutor, repeat: int) -> list[dict[int, tuple[f
 
     marks: dict[int, tuple[Any, Any]] = {}
 
+    @contextlib.contextmanager
+    def mark(op: int, stream: Any) -> Iterator[None]:
+        begin, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        begin.record(stream)
+        yield
+        end.record(stream)
+        marks[op] = (begin, end)
+
     def launch(origin: Any) -> Any:
         marks.clear()
         start = torch.cuda.Event(enable_timing=True, external=True)
         start.record(origin)
-        executor.launch_all(origin, marks)
+        executor.launch_all(origin, around=mark)
         return start
 
-    captured = capture_graph(launch)
+    captured = capture_graph(launch)  # the events of the last launch (the capture) are replayed with the graph
     start = captured.result
     runs = []
     for _ in range(repeat + 1):
@@ -147,33 +158,26 @@ def read_trace(path: str | Path) -> dict[str, Any]:
 
 def nvtx_profile(backend: KernelBackend, schedule: Schedule, path: str | Path | None = None) -> None:
     """Run ``schedule`` once, uncaptured, under ``torch.profiler`` with an NVTX range around each operator
-    (``#index kind``) on its stream; with ``path``, the profiler's own Chrome trace is exported there.
+    (``#index kind func``) on its stream; with ``path``, the profiler's own Chrome trace is exported there.
     Run under ``nsys profile`` to see the ranges on Nsight Systems' timeline."""
     import torch
 
-    executor = ParallelExecutor(backend, schedule)
-    if not executor._streams:
-        executor._streams = [executor._stream(i) for i in range(max(schedule.stream_of, default=0) + 1)]
-    launch = backend.launch
-
-    def named(op: int) -> None:
+    @contextlib.contextmanager
+    def named(op: int, _stream: Any) -> Iterator[None]:
         node = backend.graph[op]
         torch.cuda.nvtx.range_push(f"#{op} {getattr(node, 'kind', '?')} {getattr(node, 'func', '')}"[:120])
         try:
-            launch(op)
+            yield
         finally:
             torch.cuda.nvtx.range_pop()
 
-    backend.launch = named  # type: ignore[method-assign]
-    try:
-        executor.launch_all(torch.cuda.current_stream())  # warm-up, outside the profile
+    executor = ParallelExecutor(backend, schedule)
+    executor.launch_all(torch.cuda.current_stream(), around=named)  # warm-up, outside the profile
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        executor.launch_all(torch.cuda.current_stream(), around=named)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            executor.launch_all(torch.cuda.current_stream())
-            torch.cuda.synchronize()
-    finally:
-        del backend.launch
     if path is not None:
         prof.export_chrome_trace(str(path))
 
