@@ -450,7 +450,9 @@ def measured_timeline(trace: dict[str, Any], path: Path) -> str:
     import matplotlib.pyplot as plt
 
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
+    names = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    lane_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     pids = sorted({e["pid"] for e in events})
     if not pids:
         raise Missing("the trace has no operator events")
@@ -462,7 +464,7 @@ def measured_timeline(trace: dict[str, Any], path: Path) -> str:
         for e in (e for e in events if e["pid"] == pid):
             ax.barh(lanes[pid].index(e["tid"]), e["dur"] / 1e3, left=e["ts"] / 1e3, edgecolor="white", lw=0.3,
                     color=KIND_COLORS.get(e["args"].get("kind")))
-        ax.set_yticks(range(len(lanes[pid])), [f"stream {t}" for t in lanes[pid]])
+        ax.set_yticks(range(len(lanes[pid])), [lane_names.get((pid, t), f"stream {t}") for t in lanes[pid]])
         ax.invert_yaxis()
         ax.set_title(names.get(pid, str(pid)), fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("time (ms)")
