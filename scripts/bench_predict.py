@@ -106,7 +106,30 @@ def precision(args: argparse.Namespace) -> dict:
                                                                   [r["workload_id"] for r in rows])}
         print(f"float32 -> {dtype}: MAPE {transfer[dtype]['mape']:.3f} on {len(rows)} rows", flush=True)
     out["transfer_from_float32"] = transfer
+    out["with_float32_rows"] = mixed_by_model(fp32, half)
     return out
+
+
+def mixed_by_model(fp32: list[dict], half: list[dict]) -> dict:
+    """Latency on half-precision rows, one model held out at a time (all its batch sizes and dtypes), the
+    predictor fit on the other models' half-precision rows and their float32 rows too."""
+    import numpy as np
+
+    from opbench.predict.latency import LatencyPredictor
+    from opbench.predict.metrics import regression_metrics
+
+    measured, predicted, groups = [], [], []
+    models = sorted({r["model"] for r in half})
+    for model in models:
+        train_rows = [r for r in half + fp32 if r["model"] != model]
+        test = [r for r in half if r["model"] == model]
+        fit = LatencyPredictor.fit(train_rows, "graph+launch")
+        measured += [float(r["latency_median_s"]) for r in test]
+        predicted += list(fit.predict(test))
+        groups += [r["workload_id"] for r in test]
+    metrics = regression_metrics(np.array(measured), np.array(predicted), groups)
+    print(f"latency by_model with the float32 rows: MAPE {metrics['mape']:.3f}", flush=True)
+    return {"split": "by_model", "folds": len(models), "n_test": len(measured), "metrics": metrics}
 
 
 def schedules(args: argparse.Namespace) -> dict:

@@ -23,15 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_tests(env: dict, out: Path, jobs: int) -> dict:
     """The GPU tests: one process per model replay (compiles dominate; a crash stays in its process),
-    plus one process for the other GPU tests (profiling and the executor), ``jobs`` at a time."""
+    plus one process per other file with GPU tests, ``jobs`` at a time."""
     sys.path.insert(0, str(ROOT / "python"))
     from opbench.models import list_sources
 
     base = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
     replay = "tests/profile/test_cuda.py::test_local_replay_cuda"
-    selections = {f"{replay}[{name}]": [f"{replay}[{name}]"] for name in sorted(list_sources()["local"])}
-    selections["other GPU tests"] = ["tests/profile/test_cuda.py", "-k", "not test_local_replay_cuda",
-                                     "tests/runtime/test_executor_cuda.py"]
+    selections: dict[str, list[str]] = {}
+    selections["tests/profile/test_cuda.py (not replays)"] = ["tests/profile/test_cuda.py", "-k",
+                                                              "not test_local_replay_cuda"]
+    for path in sorted(ROOT.glob("tests/**/test_*.py")):  # every other file with GPU tests, one process each
+        name = str(path.relative_to(ROOT))
+        if name != "tests/profile/test_cuda.py" and "mark.gpu" in path.read_text():
+            selections[name] = [name]
+    selections.update({f"{replay}[{name}]": [f"{replay}[{name}]"] for name in sorted(list_sources()["local"])})
     start = time.perf_counter()
     results: dict = {}
     pending = list(selections)

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OpBenchError
-from .pipeline.compare import check_sm_partition, evaluate, host_arrays, table_rows
+from .pipeline.compare import check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
 from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
 from .runtime.graphs import CapturedModel, CompiledModel
 from .schedule import Schedule
+from .utils import check_output_path
 
 __all__ = ["CapturedSchedule", "capturer", "optimize"]
 log = logging.getLogger("opbench")
@@ -142,7 +143,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
              compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off",
-             dtype: str | None = None) -> Any:
+             dtype: str | None = None, trace: str | Path | None = None) -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
@@ -169,9 +170,15 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     measured row is ``repeat`` samples of ``number`` runs (the median is compared). ``backend`` and
     ``baselines`` are what was measured (the regions of ``kernels="fused"`` are ``backend.regions``).
 
+    ``trace`` (a path): also replay sequential and the fastest schedule (kept or not) with a timing mark
+    around each operator and write them there as a Chrome trace, one lane per stream
+    (:mod:`opbench.runtime.trace`; ``opbench compare --trace`` writes the same).
+
     A model that cannot be traced, or that returns no tensor, is run unscheduled (``model`` itself)
     with a warning.
     """
+    if trace is not None:
+        check_output_path(trace, "trace")
     start = time.perf_counter()
     phases: dict[str, float] = {}
     try:
@@ -187,6 +194,8 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
             return model
         raise
     table = table_rows(rows)
+    if trace is not None:
+        trace_rows(backend, rows, plan, trace, meta={"model": type(model).__name__, "kernels": kernels})
     result: Any
     kept = next(r for r in rows if r["kept"])
     if kept["plan"] is None:

@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: the timing percentiles every timing row carries besides the median (p50): p10, p90, p99
@@ -104,3 +105,29 @@ def device_lock(what: str = "measuring") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check_output_path(path: str | Path | None, flag: str) -> None:
+    """Refuse an output path that cannot be written, before any work is done (``-`` is stdout).
+
+    The check opens the file for appending (an existing file's bytes stay as they are; a new one is
+    removed again), so a file the permissions allow but the file system refuses (``/proc/version``
+    for root, a read-only mount) is refused too."""
+    from .errors import OpBenchError
+
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise OpBenchError(f"{flag} {str(path)!r} is a folder (accepted: a file path)")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise OpBenchError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
+    existed = p.exists()
+    try:
+        with open(p, "ab"):
+            pass
+    except OSError as err:
+        raise OpBenchError(f"{flag} {str(path)!r} is not writable ({err.strerror})") from None
+    if not existed:
+        p.unlink(missing_ok=True)

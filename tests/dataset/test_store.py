@@ -41,7 +41,7 @@ def test_rows_written_and_read(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "5" and meta["created_by"].startswith("opbench ")
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "6" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
@@ -100,20 +100,20 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     _v1_file(path)
     before = sha(path)
     with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
-        assert ds.schema_version() == 5
+        assert ds.schema_version() == 6
         (op,) = ds.rows("operators")
         (model,) = ds.rows("models")
     backup = tmp_path / "old.sqlite.v1-backup"
     assert sha(backup) == before  # the backup is the original, byte for byte
     assert [r.message for r in caplog.records if "migrated" in r.message] == [
-        f"migrated dataset {path} from schema version 1 to 5; the original is kept as {backup}"]
+        f"migrated dataset {path} from schema version 1 to 6; the original is kept as {backup}"]
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
     assert op["dtype"] == model["dtype"] == "float32"  # version 1 measured float32 only
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "5", "migrated_from": "1"}
+    assert meta == {"schema_version": "6", "migrated_from": "1"}
     # a v2 key can never be one of these: migrated workloads are marked
     with Dataset(path) as ds:
         assert not ds.has("operators", {**KEY, "op_index": 0})
@@ -166,7 +166,7 @@ def _junk(path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (_junk, "not an OpBench dataset (not an SQLite file)"),
     (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
-    (_newer, "schema version 99, newer than this OpBench reads (5)"),
+    (_newer, "schema version 99, newer than this OpBench reads (6)"),
     (_foreign_column, "table 'operators' has foreign columns secret"),
     (_foreign_table, "foreign tables: extra"),
 ])
@@ -303,15 +303,18 @@ def test_export_errors(tmp_path):
 
 
 def _old_dataset(path, version):
-    """An empty dataset as version 2, 3 or 4 wrote it (no trials table in 2, no SM-partition co-run columns
-    and no dtype column before 4, no percentile columns before 5)."""
+    """An empty dataset as version 2, 3, 4 or 5 wrote it (no trials table in 2, no SM-partition co-run columns
+    and no dtype column before 4, no percentile columns before 5, no gpu_uuid before 6)."""
     from opbench.dataset.schema import PERCENTILE_COLUMNS, create_statements
 
     with contextlib.closing(sqlite3.connect(path)) as conn:
         for stmt in create_statements():
             if version >= 3 or "CREATE TABLE trials" not in stmt:
                 conn.execute(stmt)
-        for table, columns in PERCENTILE_COLUMNS.items():
+        for table in ("operators", "models", "corun", "trials"):
+            if version >= 3 or table != "trials":
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN gpu_uuid")
+        for table, columns in PERCENTILE_COLUMNS.items() if version < 5 else ():
             for column, _ in columns:
                 conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         for column in ("partitioned_s", "partition_sms") if version < 4 else ():
@@ -328,7 +331,7 @@ def test_v2_gains_the_trials_table(tmp_path):
     _old_dataset(path, 2)
     with Dataset(path) as ds:
         ds.put("operators", _row(0))
-        assert ds.schema_version() == 5 and ds.count("trials") == 0
+        assert ds.schema_version() == 6 and ds.count("trials") == 0
     assert (tmp_path / "v2.sqlite.v2-backup").is_file()
 
 
@@ -340,32 +343,56 @@ def test_v3_gains_the_partition_columns_of_corun_and_a_dtype(tmp_path):
                      "VALUES ('w', 'd', 'default', 0, 'g', 1.5)")
         conn.commit()
     with Dataset(path, readonly=True) as ds:  # read only: migrated in memory, the file stays version 3
-        assert ds.schema_version() == 5
+        assert ds.schema_version() == 6
     with Dataset(path) as ds:
-        assert ds.schema_version() == 5
+        assert ds.schema_version() == 6
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(corun)")]
         row = conn.execute("SELECT speedup, partitioned_s, partition_sms, dtype FROM corun").fetchone()
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
-    assert cols[-6:-3] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
-    assert cols[-3:] == ["concurrent_p10_s", "concurrent_p90_s", "concurrent_p99_s"]
-    assert meta == {"schema_version": "5", "migrated_from": "3"}
+    assert cols[-7:-4] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
+    assert cols[-4:] == ["concurrent_p10_s", "concurrent_p90_s", "concurrent_p99_s", "gpu_uuid"]
+    assert meta == {"schema_version": "6", "migrated_from": "3"}
     assert (tmp_path / "v3.sqlite.v3-backup").is_file()
 
 
-def test_v4_gains_the_percentile_columns(tmp_path):
-    path = tmp_path / "v4.sqlite"
-    _old_dataset(path, 4)
+def _migrated_row(tmp_path, version: int, insert: str):
+    """A dataset as ``version`` wrote it holding one row (``insert``), opened (so migrated): its path and
+    that row as it reads now."""
+    path = tmp_path / f"v{version}.sqlite"
+    _old_dataset(path, version)
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute("INSERT INTO operators (workload_id, device_id, config, l2_flush, op_index, latency_median_s, "
-                     "dtype) VALUES ('w', 'd', 'default', 0, 0, 0.5, 'float16')")
+        conn.execute(insert)
         conn.commit()
     with Dataset(path) as ds:
-        assert ds.schema_version() == 5
-        (row,) = ds.rows("operators")
+        assert ds.schema_version() == 6
+        (row,) = ds.rows(insert.split()[2])
+    return path, row
+
+
+def test_v4_gains_the_percentile_columns(tmp_path):
+    path, row = _migrated_row(tmp_path, 4, "INSERT INTO operators (workload_id, device_id, config, l2_flush, op_index, "
+                              "latency_median_s, dtype) VALUES ('w', 'd', 'default', 0, 0, 0.5, 'float16')")
     assert (row["latency_median_s"], row["dtype"], row["latency_p90_s"], row["latency_p99_s"]) == \
         (0.5, "float16", None, None)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in ("operators", "models")}
-    assert cols["operators"][-3:] == ["latency_p10_s", "latency_p90_s", "latency_p99_s"]
-    assert cols["models"][-3:] == ["vm_latency_p10_s", "vm_latency_p90_s", "vm_latency_p99_s"]
+    assert cols["operators"][-4:] == ["latency_p10_s", "latency_p90_s", "latency_p99_s", "gpu_uuid"]
+    assert cols["models"][-4:] == ["vm_latency_p10_s", "vm_latency_p90_s", "vm_latency_p99_s", "gpu_uuid"]
+
+
+def test_v5_gains_the_gpu_uuid(tmp_path):
+    path, row = _migrated_row(tmp_path, 5, "INSERT INTO models (workload_id, device_id, config, l2_flush, "
+                              "vm_latency_p90_s, gpu_name) VALUES ('w', 'd', 'default', 0, 0.5, 'NVIDIA H200')")
+    assert (row["vm_latency_p90_s"], row["gpu_name"], row["gpu_uuid"]) == (0.5, "NVIDIA H200", None)
+    with Dataset(path) as ds:
+        ds.put("models", {"workload_id": "w2", "device_id": "d", "config": "default", "l2_flush": 0,
+                          "gpu_uuid": "GPU-1234"})
+        uuids = sorted((r["workload_id"], r["gpu_uuid"]) for r in ds.rows("models"))
+    assert uuids == [("w", None), ("w2", "GPU-1234")]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
+        last = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")][-1] for t in
+                ("operators", "models", "corun", "trials")}
+    assert meta == {"schema_version": "6", "migrated_from": "5"}
+    assert set(last.values()) == {"gpu_uuid"}

@@ -99,3 +99,44 @@ def test_a_sweep_with_an_unknown_model_fails_before_any_point(tmp_path):
     proc = run("--modelsource", "local", "--modelname", "resnet-18,resnet-99", "--dataset", str(tmp_path / "d.sqlite"))
     assert proc.returncode == 2 and "unknown model 'resnet-99'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "d.sqlite").exists()
+
+
+def test_cpu_workers_split_the_cores():
+    import os
+
+    import pytest
+
+    from opbench import OpBenchError
+    from opbench.runtime.device import cpu_child_env, cpu_groups
+
+    cores = sorted(os.sched_getaffinity(0))
+    groups = cpu_groups(2) if len(cores) >= 2 else [cores]
+    assert sorted(c for g in groups for c in g) == cores and all(groups)  # disjoint, all cores, none empty
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    env = cpu_child_env(groups[0])
+    assert env["TVM_NUM_THREADS"] == env["OMP_NUM_THREADS"] == str(len(groups[0])) and env["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(OpBenchError, match=rf"--devices: {len(cores) + 1} CPU workers but this process may use "
+                                           rf"{len(cores)} cores"):
+        cpu_groups(len(cores) + 1)
+
+
+def test_a_cpu_sweep_over_two_workers(tmp_path):
+    """--devices 0,1 with a CPU target: two workers, each pinned to its half of the cores with its thread pools
+    sized to it; every point's rows written once."""
+    import os
+
+    path = tmp_path / "d.sqlite"
+    models = "matmul:n=16,matmul:n=24"
+    proc = run("--modelsource", "simple", "--modelname", models, "--batchsize", "1,2", "--devices", "0,1", *FAST,
+               "--dataset", str(path), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    points = json.loads((tmp_path / "s.json").read_text())["points"]
+    assert [p["status"] for p in points] == ["ok"] * 4
+    used = {p["device"]: tuple(p["cores"]) for p in points}
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert set(used) == {0, 1} and not set(used[0]) & set(used[1])  # both workers ran, on disjoint cores
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT workload_id, batch_size, thread_settings FROM operators").fetchall()
+    assert len(rows) == len({(w, b) for w, b, _ in rows}) == 4  # one operator per point: none lost or duplicated
+    sizes = {len(c) for c in used.values()}
+    assert {t.split()[0] for _, _, t in rows} <= {f"TVM_NUM_THREADS={n}" for n in sizes}

@@ -139,7 +139,6 @@ def test_short_op_is_timed_inside_the_graph(cuda_target):
     medians = sorted(t.median for t in inside)
     assert all(t.number >= 2 * config.number for t in inside)  # unrolled: several copies per replay
     assert medians[-1] < single.median  # the launch-bound replay is slower than the kernel
-    assert medians[-1] <= medians[0] * 1.1  # and the in-graph time repeats
     assert all(t.number <= MAX_UNROLL * 200 for t in inside)
 
 

@@ -119,3 +119,34 @@ def test_rpc_timeout_setting_is_checked(monkeypatch):
         RPCSpec.parse("h:1", "k")
     monkeypatch.setenv("OPBENCH_RPC_TIMEOUT", "2.5")
     assert RPCSpec.parse("h:1", "k").timeout_s == 2.5
+
+
+def test_tuning_spreads_over_two_loopback_servers(tmp_path):
+    """One tracker, two rpc_servers with the same key (as one per GPU of a host): with --rpc-workers left
+    at its default, the tuner measures candidates on both, and every trial is kept once."""
+    from opbench.profile.rpc import LocalFarm
+
+    pytest.importorskip("xgboost")
+    path = tmp_path / "d.sqlite"
+    with LocalFarm("two", [None, None], tmp_path / "farm") as farm:
+        proc = run(*MODEL, "--dataset", str(path), "--rpc-tracker", farm.address, "--rpc-key", "two", "--iftune",
+                   "true", "--tuner", "random", "--trials", "8", *FAST, "--json", str(tmp_path / "t.json"))
+        sessions = farm.sessions()
+    assert proc.returncode == 0, proc.stderr
+    assert len(sessions) == 2 and all(n >= 1 for n in sessions), sessions  # both servers measured
+    tuning = json.loads((tmp_path / "t.json").read_text())["tuning"]
+    assert tuning["trials"] == 8 and tuning["trials_per_s"] > 0
+    with closing(sqlite3.connect(path)) as conn:
+        trials = conn.execute("SELECT trial, build_status, device_name FROM trials ORDER BY trial").fetchall()
+    assert [t[0] for t in trials] == list(range(8)) and all(t[1] == "ok" for t in trials)
+    assert all(t[2].endswith("(rpc key two)") for t in trials)
+
+
+def test_a_farm_whose_servers_do_not_register_is_one_line(tmp_path, monkeypatch):
+    from opbench.profile.rpc import LocalFarm
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nowhere"))  # the servers cannot import TVM: none registers
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    with pytest.raises(OpBenchError, match=r"local RPC farm: 0 of 2 servers registered with key 'k'"):
+        with LocalFarm("k", [None, None], tmp_path / "farm", timeout=5):
+            pass

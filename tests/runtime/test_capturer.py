@@ -85,6 +85,29 @@ def test_schedule_that_wins_is_captured(model_and_input):
     assert not out.requires_grad  # the exported weights are plain tensors, nothing is recorded for autograd
 
 
+def test_capturer_writes_a_trace_of_sequential_and_the_kept_schedule(model_and_input, tmp_path):
+    import json
+
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "nimble": 0.5}
+    path = tmp_path / "run.trace.json"
+    run = capturer([x], model, schedulers=["sequential", "nimble"], timer=fake_timer(times, 1.0), trace=path)
+    assert run.schedule.name == "nimble"
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names[1].startswith("sequential (") and names[2].startswith("nimble (") and len(names) == 2
+    assert names[1].endswith(", 1.000 ms unmarked)") and names[2].endswith(", 0.500 ms unmarked)")
+    n = len(run.backend.graph)
+    for pid in (1, 2):  # every operator once per schedule, one lane (thread) per stream
+        ops = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+        assert sorted(e["args"]["op_index"] for e in ops) == list(range(n))
+        lanes = {e["tid"] for e in events if e["name"] == "thread_name" and e["pid"] == pid}
+        assert lanes == {e["tid"] for e in ops}
+    assert len(lanes) == len(set(run.schedule.stream_of)) > 1
+    with pytest.raises(OpBenchError, match="trace .* folder"):
+        capturer([x], model, trace=tmp_path)
+
+
 def test_fast_mode_measures_only_the_best_predicted(model_and_input):
     model, x = model_and_input
     run = capturer([x], model, timer=fake_timer({}, 1.0))

@@ -67,6 +67,20 @@ def test_after_cuda_started_every_gpu_path_uses_the_index(fake_gpus, monkeypatch
     nvml = types.SimpleNamespace(nvmlDeviceGetHandleByUUID=lambda u: ("uuid", u),
                                  nvmlDeviceGetHandleByIndex=lambda i: ("index", i))
     assert device.nvml_handle(nvml) == ("uuid", "GPU-uuid-2")
+    # the profiler's PyTorch device, flush buffer and streams are on the chosen GPU, and its
+    # device(target) method (the measurement key's fingerprint) is still a method
+    from opbench.profile.cuda import CudaProfiler
+
+    made = []
+    fake_cuda.Stream = lambda device: made.append(("stream", device))
+    fake_cuda.get_device_properties = lambda d: types.SimpleNamespace(L2_cache_size=1 << 20, device=d, uuid="u")
+    fake_torch = types.SimpleNamespace(cuda=fake_cuda, int8="int8", device=lambda kind, i: (kind, i),
+                                       empty=lambda n, dtype, device: made.append(("buffer", device)))
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake_torch)
+    profiler = CudaProfiler(corun_k=2)
+    assert profiler.gpu == ("cuda", 2) and profiler.props.device == ("cuda", 2)
+    assert made == [("buffer", ("cuda", 2)), ("stream", ("cuda", 2)), ("stream", ("cuda", 2))]
+    assert profiler.device(cuda) is None
 
 
 def test_without_torch_nvml_uses_the_visible_item(fake_gpus, monkeypatch):

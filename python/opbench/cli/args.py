@@ -170,7 +170,8 @@ def add_device_flags(p: Any, sweep: bool = False) -> None:
     if sweep:
         p.add_argument("--devices", default=None, metavar="N,N,...",
                        help="run the sweep's points on these GPUs, one worker process per GPU (each point in its "
-                            "own process either way)")
+                            "own process either way); with a CPU target, N workers, each pinned to its share of "
+                            "the cores (--devices 0,1: two workers on the two halves)")
 
 
 def add_database_flag(p: Any) -> None:

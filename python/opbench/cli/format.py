@@ -12,35 +12,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import OpBenchError
+from ..utils import check_output_path
 
 
 def one_line(text: Any) -> str:
     """``text`` on one line: newlines and other control characters escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-
-
-def check_output_path(path: str | Path | None, flag: str) -> None:
-    """Refuse an output path that cannot be written, before any work is done (``-`` is stdout).
-
-    The check opens the file for appending (an existing file's bytes stay as they are; a new one is
-    removed again), so a file the permissions allow but the file system refuses (``/proc/version``
-    for root, a read-only mount) is refused too."""
-    if path is None or str(path) == "-":
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise OpBenchError(f"{flag} {str(path)!r} is a folder (accepted: a file path)")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise OpBenchError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
-    existed = p.exists()
-    try:
-        with open(p, "ab"):
-            pass
-    except OSError as err:
-        raise OpBenchError(f"{flag} {str(path)!r} is not writable ({err.strerror})") from None
-    if not existed:
-        p.unlink(missing_ok=True)
 
 
 _URL = re.compile(r"https?://[^\s'\"]+", re.IGNORECASE)

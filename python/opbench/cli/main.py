@@ -108,8 +108,9 @@ def _add_collect(sub: Any) -> None:
     r.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure operators, the model and tuning candidates on devices registered here")
     r.add_argument("--rpc-key", default=None, help="the key the remote devices registered with")
-    r.add_argument("--rpc-workers", type=positive_int, default=1,
-                   help="candidates measured at once while tuning (one per remote device)")
+    r.add_argument("--rpc-workers", type=positive_int, default=None,
+                   help="candidates measured at once while tuning, one per remote device (default: every "
+                        "device registered with the key, e.g. one rpc_server per GPU)")
     g = add_schedule_flags(p, predictor=False)
     g.add_argument("--ifcompare", type=boolean, default=False, help="compare parallel schedules (true/false)")
     o = add_common(p)
@@ -300,14 +301,16 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
     ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
     from ..pipeline.sweep import Sweep, format_sweep, state_path, strip_flags
+    from ..runtime import is_gpu, resolve_target
     from ..runtime.device import check_index, parse_devices
 
     devices: list[int | None] = [None]
+    cpu = not is_gpu(resolve_target(args.target, local_device=False))
     if args.devices is not None:
         if args.gpu is not None:
             raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")
         devices = list(parse_devices(args.devices))
-        for index in devices:
+        for index in devices if not cpu else []:  # on a CPU, workers: cpu_groups checks their number
             check_index(index, "--devices")
         if args.iftune and len(devices) > 1:
             raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
@@ -315,11 +318,12 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     # with --device N this process already sees only that GPU (main), and the points inherit it
     base = strip_flags(args.argv)
     state = Path(args.sweep_state) if args.sweep_state else state_path(path, base)
-    where = f" on GPUs {','.join(map(str, devices))}" if devices != [None] else ""
+    where = "" if devices == [None] else (f" on {len(devices)} CPU workers" if cpu else
+                                          f" on GPUs {','.join(map(str, devices))}")
     log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",
              len(points), len({p.model for p in points}), len({p.batch for p in points}),
              len({p.dtype for p in points}), where, state)
-    sweep = Sweep(base, points, devices, state, timeout=args.point_timeout, progress=not args.quiet)
+    sweep = Sweep(base, points, devices, state, timeout=args.point_timeout, progress=not args.quiet, cpu=cpu)
     records = sweep.run()
     out = human(args)
     print(format_sweep(records), file=out)
@@ -515,11 +519,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     result = compare(backend, options, baseline)
     table = _print_comparison(result, args)
     if args.trace:
+        from ..runtime.trace import traced_label
+
         trace = result.trace(args.trace, nvtx=args.nvtx, meta={"model": workload.name, "dtype": workload.dtype,
                                                                "batch_size": workload.batch_size})
-        runs = ", ".join(f"{s['schedule']} {s['total_us'] / 1e3:.3f} ms" for s in trace["otherData"]["schedules"])
-        print(f"trace written to {args.trace} ({runs} with a timing mark around each operator; open it in "
-              "chrome://tracing or ui.perfetto.dev)", file=human(args))
+        runs = "; ".join(f"{s['schedule']} {traced_label(s)}" for s in trace["otherData"]["schedules"])
+        print(f"trace written to {args.trace} ({runs}; traced with a timing mark around each operator; open it "
+              "in chrome://tracing or ui.perfetto.dev)", file=human(args))
         table["trace"] = args.trace
     elif args.nvtx:
         from ..runtime.trace import nvtx_profile

@@ -3,7 +3,8 @@
 Version 2 → 3 adds the ``trials`` table; 3 → 4 adds two ``corun`` columns (``partitioned_s``,
 ``partition_sms``: the group run with each operator on its own SM partition) and a ``dtype`` column to
 every measurement table (``float32`` for every earlier row: no earlier version measured another); 4 → 5
-adds the timing percentiles (NULL in earlier rows: their samples were not kept).
+adds the timing percentiles (NULL in earlier rows: their samples were not kept); 5 → 6 adds ``gpu_uuid``
+to every measurement table (NULL in earlier rows: which of several same GPUs measured them was not kept).
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from ..utils import digest
 from .schema import (
     _SQL_TYPES,
+    GPU_UUID_COLUMN,
     PERCENTILE_COLUMNS,
     SCHEMA_VERSION,
     TABLES,
@@ -49,7 +51,9 @@ _V1 = {
               "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
               "error", *_V1_ENV],
 }
-_V5 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V6 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_NEW_IN_V6 = {t: [GPU_UUID_COLUMN[0]] for t in TABLES}
+_V5 = {t: [c for c in cols if c not in _NEW_IN_V6.get(t, [])] for t, cols in _V6.items()}
 _NEW_IN_V5 = {t: [c for c, _ in cols] for t, cols in PERCENTILE_COLUMNS.items()}
 _V4 = {t: [c for c in cols if c not in _NEW_IN_V5.get(t, [])] for t, cols in _V5.items()}
 _CORUN_V4 = ["partitioned_s", "partition_sms"]
@@ -58,7 +62,7 @@ _V3 = {t: [c for c in cols if c not in _NEW_IN_V4.get(t, [])] for t, cols in _V4
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # schema version -> {table: columns}
-KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
 
 
 def _v1_keys(row: dict) -> dict:
@@ -83,7 +87,7 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
     """Migrate an open dataset from ``version`` to the current one, in one transaction."""
-    if version not in (1, 2, 3, 4):
+    if version not in (1, 2, 3, 4, 5):
         raise ValueError(f"no migration from schema version {version}")
     with transaction(conn):
         if version == 1:
@@ -91,7 +95,7 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         else:
             if version == 2:
                 conn.execute(create_table("trials"))
-            added = [_NEW_IN_V5] if version == 4 else [_NEW_IN_V4, _NEW_IN_V5]
+            added = {5: [_NEW_IN_V6], 4: [_NEW_IN_V5, _NEW_IN_V6]}.get(version, [_NEW_IN_V4, _NEW_IN_V5, _NEW_IN_V6])
             for new in added:
                 for table, columns in new.items():
                     if version == 2 and table == "trials":

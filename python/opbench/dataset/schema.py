@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from ..utils import PERCENTILES
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -113,6 +113,12 @@ PERCENTILE_COLUMNS = {
 OPERATOR_COLUMNS.extend(PERCENTILE_COLUMNS["operators"])
 MODEL_COLUMNS.extend(PERCENTILE_COLUMNS["models"])
 CORUN_COLUMNS.extend(PERCENTILE_COLUMNS["corun"])
+
+# version 6: which GPU measured the row (its UUID, as NVML and ``nvidia-smi -i`` name it; NULL on a CPU and in
+# earlier rows), appended by the migration: GPUs of one model share ``device_id``, this tells them apart
+GPU_UUID_COLUMN = ("gpu_uuid", "TEXT")
+for _columns in (OPERATOR_COLUMNS, MODEL_COLUMNS, CORUN_COLUMNS, TRIAL_COLUMNS):
+    _columns.append(GPU_UUID_COLUMN)
 
 # measurement tables: (columns, unique key)
 TABLES = {

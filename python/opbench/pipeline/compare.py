@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -436,6 +437,26 @@ class CompareOptions:
         return ["sequential"] + [n for n in names if n != "sequential"]
 
 
+def trace_rows(backend: KernelBackend, rows: list[dict[str, Any]], plan: Schedule, path: str | Path,
+               repeat: int = 5, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Replay sequential and ``plan`` (when it is another schedule) with a timing mark around each operator
+    and write them as a Chrome trace to ``path`` (:mod:`opbench.runtime.trace`), each labelled with its
+    time measured without the marks in ``rows`` (rows of :func:`evaluate`). Returns the trace."""
+    from ..runtime.trace import chrome_trace, trace_schedule, write_trace
+
+    plans = [r["plan"] for r in rows if r["schedule"] == "sequential" and r["plan"] is not None][:1]
+    if plan is not None and plan.name != "sequential":
+        plans.append(plan)
+    traced = [trace_schedule(backend, p, repeat) for p in plans]
+    for run, traced_plan in zip(traced, plans, strict=True):
+        row = next((r for r in rows if r["plan"] is traced_plan and r["measured"]), None)
+        if row is not None and row["latency_ms"]:
+            run["unmarked_us"] = row["latency_ms"] * 1e3
+    trace = chrome_trace(backend, traced, meta)
+    write_trace(path, trace)
+    return trace
+
+
 @dataclasses.dataclass
 class CompareResult:
     """What :func:`compare` measured: the kept schedule, every row (the model's own graph first, for
@@ -458,14 +479,9 @@ class CompareResult:
         """Replay the kept schedule and sequential with a timing mark around each operator and write them as
         a Chrome trace to ``path`` (:mod:`opbench.runtime.trace`); with ``nvtx`` (GPU), also run the kept
         schedule under ``torch.profiler`` with NVTX ranges, its trace written to ``<path>.torch.json``."""
-        from ..runtime.trace import chrome_trace, nvtx_profile, trace_schedule, write_trace
+        from ..runtime.trace import nvtx_profile
 
-        plans = [r["plan"] for r in self.rows if r["schedule"] == "sequential" and r["plan"] is not None]
-        if self.kept.name != "sequential":
-            plans.append(self.kept)
-        traced = [trace_schedule(self.backend, plan, repeat) for plan in plans]
-        trace = chrome_trace(self.backend, traced, meta)
-        write_trace(path, trace)
+        trace = trace_rows(self.backend, self.rows, self.kept, path, repeat, meta)
         if nvtx:
             nvtx_profile(self.backend, self.kept, str(path).removesuffix(".json") + ".torch.json")
         return trace

@@ -14,6 +14,7 @@ output goes to a log file beside the state file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -102,7 +103,7 @@ def state_path(dataset: str | Path, base_argv: Sequence[str]) -> Path:
 
 def point_command(base_argv: Sequence[str], point: Point, json_path: Path) -> list[str]:
     """The child process's command: ``opbench collect`` with the point's flags, quiet, JSON to a file."""
-    return [sys.executable, "-m", "opbench.cli.main", "collect", *base_argv, *point.flags(), "-q",
+    return [sys.executable, "-m", "opbench", "collect", *base_argv, *point.flags(), "-q",
             "--json", str(json_path)]
 
 
@@ -139,7 +140,9 @@ class Sweep:
         What to measure.
     devices:
         GPU indices (one worker each, the child sees only its GPU), or ``[None]`` for one worker that
-        keeps this process's environment (a CPU sweep, or one GPU).
+        keeps this process's environment (a CPU sweep, or one GPU). With ``cpu``, worker numbers instead:
+        the cores are split into that many groups (:func:`opbench.runtime.device.cpu_groups`) and each
+        worker's points run pinned to its group, their thread pools sized to it.
     state:
         The state file (:func:`state_path`).
     command:
@@ -150,8 +153,12 @@ class Sweep:
 
     def __init__(self, base_argv: Sequence[str], points: Sequence[Point], devices: Sequence[int | None],
                  state: Path, command: Callable[[Sequence[str], Point, Path], list[str]] = point_command,
-                 timeout: float | None = None, progress: bool = True) -> None:
+                 timeout: float | None = None, progress: bool = True, cpu: bool = False) -> None:
+        from ..runtime.device import cpu_groups
+
         self.base_argv, self.points, self.devices = list(base_argv), list(points), list(devices) or [None]
+        self.cores = dict(zip(self.devices, cpu_groups(len(self.devices)), strict=True)) \
+            if cpu and self.devices != [None] else {}
         self.state_file, self.command, self.timeout, self.progress = Path(state), command, timeout, progress
         self.logs = self.state_file.with_suffix("")
         self.state = self._load()
@@ -207,9 +214,13 @@ class Sweep:
         return self.records()
 
     def _worker(self, device: int | None, work: queue.Queue[Point]) -> None:
-        from ..runtime.device import child_env
+        from ..runtime.device import child_env, cpu_child_env
 
-        env = child_env(device) if device is not None else dict(os.environ)
+        cores = self.cores.get(device)
+        if cores is not None:
+            env = cpu_child_env(cores)
+        else:
+            env = child_env(device) if device is not None else dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                           env.get("PYTHONPATH")]))
         while not self._stop.is_set():
@@ -227,6 +238,10 @@ class Sweep:
         with open(log_path, "w") as out:
             child = subprocess.Popen(self.command(self.base_argv, point, json_path), stdout=out,
                                      stderr=subprocess.STDOUT, env=env)
+            cores = self.cores.get(device)
+            if cores and hasattr(os, "sched_setaffinity"):  # the child has one thread yet: all later ones inherit
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(child.pid, cores)
             try:  # a Ctrl-C reaches the child too (one process group): it saves what it finished and exits
                 code = child.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -240,14 +255,14 @@ class Sweep:
         except (OSError, ValueError):
             pass
         record = {"model": point.model, "batch": point.batch, "dtype": point.dtype, "device": device,
-                  "exit": code, "status": _describe(code, log_path), "seconds": round(seconds, 1),
-                  "log": str(log_path), "summary": summary}
+                  "cores": self.cores.get(device), "exit": code, "status": _describe(code, log_path),
+                  "seconds": round(seconds, 1), "log": str(log_path), "summary": summary}
         with self._lock:
             self.state["points"][point.key] = record
             self._save()
             self._done += 1
             if self.progress:
-                where = f" on GPU {device}" if device is not None else ""
+                where = "" if device is None else f" on {_where(record)}"
                 log.info("[%d/%d] %s%s: %s (%.0f s)", self._done, self._total, point.label, where,
                          record["status"], seconds)
         if code in (130, 143):
@@ -264,9 +279,17 @@ class Sweep:
         return out
 
 
+def _where(record: dict[str, Any]) -> str:
+    """Where a point ran: ``GPU 1``, ``cores 0-7`` (a CPU worker's group) or ``-``."""
+    if record.get("cores"):
+        cores = record["cores"]
+        return f"cores {cores[0]}-{cores[-1]}" if len(cores) > 1 else f"core {cores[0]}"
+    return "-" if record.get("device") is None else f"GPU {record['device']}"
+
+
 def format_sweep(records: Sequence[dict[str, Any]]) -> str:
     """The sweep's summary table: one line per point."""
-    head = (f"{'model':<22}{'batch':>6}{'dtype':>10}{'GPU':>5}{'ops':>6}{'failed':>7}{'sum ops ms':>12}"
+    head = (f"{'model':<22}{'batch':>6}{'dtype':>10}{'device':>11}{'ops':>6}{'failed':>7}{'sum ops ms':>12}"
             f"{'VM ms':>10}{'VM p90 ms':>11}{'seconds':>9}  status")
     lines = [head, "-" * len(head)]
 
@@ -275,8 +298,7 @@ def format_sweep(records: Sequence[dict[str, Any]]) -> str:
 
     for r in records:
         s = r.get("summary") or {}
-        gpu = "-" if r.get("device") is None else str(r["device"])
-        lines.append(f"{str(r['model'])[:21]:<22}{r['batch']:>6}{r['dtype']:>10}{gpu:>5}"
+        lines.append(f"{str(r['model'])[:21]:<22}{r['batch']:>6}{r['dtype']:>10}{_where(r):>11}"
                      f"{num(s.get('operators'), 'd', 6)}{num(s.get('failed'), 'd', 7)}"
                      f"{num(s.get('sum_op_latency_ms'), '.3f', 12)}{num(s.get('vm_latency_ms'), '.3f', 10)}"
                      f"{num(s.get('vm_latency_p90_ms'), '.3f', 11)}{num(r.get('seconds'), '.0f', 9)}  {r['status']}")

@@ -279,6 +279,8 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path,
                  tuner.name, trials, " on tensor cores" if space != "default" else "", database_dir)
         work_dir = str(database_dir / "logs")
         parts: list[Any] = []  # the builder's and runner's worker processes, stopped however the run ends
+        if profiler is not None:
+            profiler.release()  # a remote profiler's session would keep one device from the runner
         try:
             with signals.deferred():  # a half-made runner would leave its worker process to Python's exit
                 parts += [_builder(target), _runner(target, profiler)]  # one of each for every task

@@ -140,11 +140,11 @@ class CudaProfiler(Profiler):
         self.tvm_ffi = tvm_ffi
         self.corun_k = corun_k
         self.corun_limit = corun_limit
-        self.device = torch.device("cuda", gpu_index())
-        self.props = torch.cuda.get_device_properties(self.device)
+        self.gpu = torch.device("cuda", gpu_index())
+        self.props = torch.cuda.get_device_properties(self.gpu)
         self.flush_buffer = torch.empty(2 * max(self.props.L2_cache_size, 1 << 20), dtype=torch.int8,
-                                        device=self.device)
-        self.streams = [torch.cuda.Stream(device=self.device) for _ in range(max(corun_k, 1))]
+                                        device=self.gpu)
+        self.streams = [torch.cuda.Stream(device=self.gpu) for _ in range(max(corun_k, 1))]
         self._solo: dict[int, Timing] = {}
         self._outs: dict[int, list[Any]] = {}
 
@@ -156,7 +156,7 @@ class CudaProfiler(Profiler):
             "gpu_name": self.props.name, "gpu_sm_count": self.props.multi_processor_count,
             "gpu_memory_mb": self.props.total_memory // (1 << 20),
             "gpu_driver": smi[0] if smi else None, "cuda_runtime": self.torch.version.cuda,
-            "gpu_clock_start_mhz": _int(smi[1]) if smi else None,
+            "gpu_clock_start_mhz": _int(smi[1]) if smi else None, "gpu_uuid": gpu_uuid(),
         }
 
     def run_facts(self) -> dict[str, Any]:

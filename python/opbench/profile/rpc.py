@@ -16,14 +16,20 @@ key whose servers are all busy end in a one-line error instead of a hang.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import OpBenchError
@@ -31,6 +37,7 @@ from .base import Profiler
 from .timer import Timing, TimingConfig, time_evaluator
 
 T = TypeVar("T")
+log = logging.getLogger("opbench")
 
 
 def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
@@ -62,7 +69,8 @@ class RPCSpec:
     Attributes
     ----------
     workers:
-        Candidates measured at once while tuning (at most one per registered device).
+        Candidates measured at once while tuning (at most one per registered device); None: one per
+        device registered with the key when tuning starts.
     timeout_s:
         Limit on connecting to the tracker and on waiting for a free device
         (``$OPBENCH_RPC_TIMEOUT``, default 10 s).
@@ -73,12 +81,12 @@ class RPCSpec:
     host: str
     port: int
     key: str
-    workers: int = 1
+    workers: int | None = None
     timeout_s: float = 10.0
     session_s: int = 600
 
     @classmethod
-    def parse(cls, tracker: str, key: str | None, workers: int = 1) -> RPCSpec:
+    def parse(cls, tracker: str, key: str | None, workers: int | None = None) -> RPCSpec:
         """Check ``--rpc-tracker HOST:PORT``, ``--rpc-key`` and ``--rpc-workers``."""
         text = str(tracker).strip()
         host, sep, port = text.rpartition(":")
@@ -87,7 +95,7 @@ class RPCSpec:
         if not key or not str(key).strip() or any(c.isspace() or c == ":" for c in str(key)):
             raise OpBenchError("--rpc-tracker needs --rpc-key KEY, the key the remote devices registered with "
                                "(no spaces or ':')")
-        if workers < 1:
+        if workers is not None and workers < 1:
             raise OpBenchError(f"--rpc-workers must be a positive integer, got {workers}")
         raw = os.environ.get("OPBENCH_RPC_TIMEOUT", "10")
         try:
@@ -134,7 +142,10 @@ class RPCSpec:
 
         config = RPCConfig(tracker_host=self.host, tracker_port=self.port, tracker_key=self.key,
                            session_timeout_sec=int(max(timeout_sec, self.timeout_s)))
-        return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=self.workers)
+        workers = self.workers or self.check()
+        log.info("tuning: candidates measured on up to %d device%s with key '%s' at %s", workers,
+                 "s" if workers != 1 else "", self.key, self.address)
+        return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers)
 
 
 class RemoteModule:
@@ -218,4 +229,96 @@ class RPCProfiler(Profiler):
         return time_evaluator(vm, "invoke_stateful", built.device, ["main"], config)
 
 
-__all__ = ["RPCProfiler", "RPCSpec", "RemoteModule"]
+class LocalFarm:
+    """A TVM RPC tracker and one ``tvm.exec.rpc_server`` per device, all on this machine: one host's GPUs
+    (or CPU workers) shared by a tuning run through the tracker, exactly as remote devices are.
+
+    ``devices``: for each server, the ``CUDA_VISIBLE_DEVICES`` it runs with (a GPU index or UUID), or
+    None to leave the environment as it is (a CPU server). Used as a context manager: the processes
+    start, the servers register under ``key`` (waited for, up to ``timeout`` seconds), and everything
+    stops on exit. Each process's output goes to ``log_dir``; :meth:`sessions` counts the sessions each
+    server served.
+
+    Examples
+    --------
+    >>> with LocalFarm("h200", ["0", "1"], "farm-logs") as farm:  # doctest: +SKIP
+    ...     spec = RPCSpec.parse(farm.address, "h200")  # the workers default to the 2 servers
+    """
+
+    def __init__(self, key: str, devices: Sequence[str | None], log_dir: str | os.PathLike[str],
+                 host: str = "127.0.0.1", timeout: float = 60.0) -> None:
+        if not devices:
+            raise OpBenchError("a local RPC farm needs at least one device")
+        self.key, self.devices, self.host, self.timeout = key, list(devices), host, timeout
+        self.log_dir = Path(log_dir)
+        self.port = 0
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.server_logs: list[Path] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _start(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+        with open(log, "wb") as out:
+            self._procs.append(subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT,
+                                                env=env, start_new_session=True))
+
+    def __enter__(self) -> LocalFarm:
+        import socket
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as sock:
+            sock.bind((self.host, 0))
+            self.port = sock.getsockname()[1]
+        try:
+            self._start(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port), "--port-end",
+                         str(self.port + 1)], self.log_dir / "tracker.log", dict(os.environ))
+            for i, device in enumerate(self.devices):
+                env = dict(os.environ) if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
+                log = self.log_dir / f"server{i}.log"
+                self.server_logs.append(log)
+                self._start(["tvm.exec.rpc_server", "--tracker", self.address, "--key", self.key, "--host",
+                             self.host, "--port", "9090", "--port-end", "9999"], log, env)
+            self._wait()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait(self) -> None:
+        spec = RPCSpec(self.host, self.port, self.key, timeout_s=5.0)
+        deadline = time.monotonic() + self.timeout
+        found = 0
+        while time.monotonic() < deadline:
+            if any(proc.poll() is not None for proc in self._procs):
+                break
+            with contextlib.suppress(OpBenchError):
+                found = spec.check()
+                if found >= len(self.devices):
+                    return
+            time.sleep(0.5)
+        raise OpBenchError(f"local RPC farm: {found} of {len(self.devices)} servers registered with key "
+                           f"'{self.key}' at {self.address} (logs in {self.log_dir})")
+
+    def sessions(self) -> list[int]:
+        """How many sessions each server has served so far (its "connected from" log lines)."""
+        return [log.read_text(errors="replace").count("connected from") if log.exists() else 0
+                for log in self.server_logs]
+
+    def __exit__(self, *exc: Any) -> None:
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._procs.clear()
+
+
+__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule"]

@@ -120,6 +120,29 @@ def child_env(index: int) -> dict[str, str]:
     return {**os.environ, _ENV: visible_item(index)}
 
 
+def cpu_groups(count: int) -> list[list[int]]:
+    """This process's CPU cores split into ``count`` disjoint groups of consecutive cores (as even as can
+    be): the "devices" of a CPU sweep with ``--devices``, one worker pinned to each group."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if count > len(cores):
+        raise OpBenchError(f"--devices: {count} CPU workers but this process may use {len(cores)} cores "
+                           f"(accepted: at most {len(cores)} workers)")
+    size, extra = divmod(len(cores), count)
+    groups, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(cores[start:end])
+        start = end
+    return groups
+
+
+def cpu_child_env(cores: list[int]) -> dict[str, str]:
+    """The environment of a CPU worker pinned to ``cores``: TVM's and OpenMP's thread pools sized to them
+    and no GPU visible."""
+    n = str(len(cores))
+    return {**os.environ, "TVM_NUM_THREADS": n, "OMP_NUM_THREADS": n, _ENV: ""}
+
+
 def gpu_uuid(index: int | None = None) -> str:
     """How NVML and ``nvidia-smi -i`` name CUDA device ``index`` (default: :func:`gpu_index`): its UUID
     (``GPU-...``) as PyTorch reads it; without PyTorch's CUDA, the ``CUDA_VISIBLE_DEVICES`` item itself
@@ -141,5 +164,5 @@ def nvml_handle(pynvml: Any, index: int | None = None) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(int(name))
 
 
-__all__ = ["check_index", "child_env", "cuda_initialised", "gpu_count", "gpu_index", "gpu_uuid", "nvml_handle",
-           "nvml_query", "parse_devices", "select_gpu", "visible_gpus", "visible_item"]
+__all__ = ["check_index", "child_env", "cpu_child_env", "cpu_groups", "cuda_initialised", "gpu_count", "gpu_index",
+           "gpu_uuid", "nvml_handle", "nvml_query", "parse_devices", "select_gpu", "visible_gpus", "visible_item"]

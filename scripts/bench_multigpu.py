@@ -1,0 +1,143 @@
+"""Scaling over the GPUs of one host: a sweep and a tuning run on 1 device and on N, timed side by side.
+
+A. The same sweep (models x batch sizes, one dtype) with ``opbench collect --devices 0`` and with
+   ``--devices 0,1,...``: wall time of each, the speedup, and checks of the rows (every point's rows
+   present once, each point's rows tagged with the GPU UUID, name and clocks of the GPU that measured it).
+B. Tuning of one model through a local TVM RPC tracker with one ``tvm.exec.rpc_server`` per GPU (each
+   with ``CUDA_VISIBLE_DEVICES`` set, all with one key: :class:`opbench.profile.rpc.LocalFarm`), on 1
+   server and on N: trials per second of each, and the sessions each server served.
+
+With ``--target llvm`` the "devices" are CPU workers on disjoint cores (A) and CPU servers (B), which
+checks the code path on any machine. Writes ``DIR/bench_multigpu.json``.
+
+    PYTHONPATH=python python3 scripts/bench_multigpu.py --out DIR --devices 0,1 \\
+        --models googlenet,resnet-18,resnet-50,mobilenet,squeezenet_v1.1,inception_v3 --batches 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+
+def opbench(args: list[str], env: dict[str, str], log: Path, limit: float) -> tuple[int | str, float]:
+    """Run one ``opbench`` command (output to ``log``); its exit code (or "timeout") and wall seconds."""
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        try:
+            code: int | str = subprocess.run([sys.executable, "-m", "opbench", *args], cwd=ROOT, env=env, stdout=out,
+                                             stderr=subprocess.STDOUT, timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.perf_counter() - start
+    print(f"opbench {' '.join(args[:1])} ... ({log.name}): exit {code} in {wall:.1f} s", flush=True)
+    return code, wall
+
+
+def sweep_rows(db: Path) -> dict:
+    """What the sweep's dataset holds: rows per point, duplicates, and the GPU tags of each point."""
+    if not db.exists():
+        return {"error": "no dataset"}
+    with sqlite3.connect(db) as conn:
+        ops = conn.execute("SELECT model, batch_size, COUNT(*), COUNT(DISTINCT op_index) FROM operators "
+                           "GROUP BY workload_id ORDER BY model, batch_size").fetchall()
+        models = conn.execute("SELECT model, batch_size, gpu_uuid, gpu_name, gpu_clock_start_mhz, gpu_clock_end_mhz, "
+                              "thread_settings, vm_latency_median_s FROM models ORDER BY model, batch_size").fetchall()
+        mixed = conn.execute("SELECT COUNT(*) FROM operators o JOIN models m ON o.workload_id = m.workload_id AND "
+                             "o.device_id = m.device_id AND o.config = m.config AND "
+                             "o.l2_flush = m.l2_flush WHERE o.gpu_uuid IS NOT m.gpu_uuid").fetchone()[0]
+    return {"points": [{"model": m, "batch": b, "rows": n, "distinct_ops": d} for m, b, n, d in ops],
+            "duplicated_rows": sum(n - d for _, _, n, d in ops),
+            "rows_tagged_with_another_gpu_than_their_model_row": mixed,
+            "models": [{"model": m, "batch": b, "gpu_uuid": u, "gpu_name": g, "clock_start_mhz": c0,
+                        "clock_end_mhz": c1, "threads": t, "vm_ms": (v or 0) * 1e3}
+                       for m, b, u, g, c0, c1, t, v in models]}
+
+
+def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
+    result: dict = {}
+    for label, subset in (("1", devices[:1]), (str(len(devices)), devices)):
+        db = out / f"sweep_{label}.sqlite"
+        code, wall = opbench(["collect", "--modelsource", "local", "--modelname", args.models, "--batchsize",
+                              args.batches, "--dtype", args.dtype, "--target", args.target, "--devices",
+                              ",".join(subset), "--dataset", str(db), "--json", str(out / f"sweep_{label}.json"),
+                              "-q"], env, out / f"sweep_{label}.log", args.limit)
+        result[f"{label} device{'s' if label != '1' else ''}"] = {"exit": code, "wall_s": round(wall, 1),
+                                                                   **sweep_rows(db)}
+    walls = [v["wall_s"] for v in result.values()]
+    result["speedup"] = round(walls[0] / walls[1], 3) if walls[1] else None
+    return result
+
+
+def part_b(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
+    from opbench.profile.rpc import LocalFarm
+
+    result: dict = {}
+    cpu = args.target == "llvm"
+    for label, subset in (("1", devices[:1]), (str(len(devices)), devices)):
+        tag = f"tune_{label}"
+        servers = [None if cpu else d for d in subset]
+        with LocalFarm("bench", servers, out / f"{tag}_farm") as farm:
+            code, wall = opbench(["collect", "--modelsource", "local", "--modelname", args.tune_model, "--dtype",
+                                  args.dtype, "--target", args.target, "--dataset", str(out / f"{tag}.sqlite"),
+                                  "--iftune", "true", "--tuner", args.tuner, "--trials", str(args.trials),
+                                  "--tune-tasks", str(args.tasks), "--rpc-tracker", farm.address, "--rpc-key",
+                                  "bench", "--json", str(out / f"{tag}.json"), "-q"], env, out / f"{tag}.log",
+                                 args.limit)
+            sessions = farm.sessions()
+        tuning = {}
+        try:
+            tuning = json.loads((out / f"{tag}.json").read_text()).get("tuning") or {}
+        except (OSError, ValueError):
+            pass
+        result[f"{label} server{'s' if label != '1' else ''}"] = {
+            "exit": code, "wall_s": round(wall, 1), "trials": tuning.get("trials"),
+            "tuning_s": tuning.get("tuning_s"), "trials_per_s": tuning.get("trials_per_s"),
+            "sessions_per_server": sessions}
+    rates = [v.get("trials_per_s") for v in result.values()]
+    result["speedup"] = round(rates[1] / rates[0], 3) if all(rates) else None
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="A sweep and a tuning run on 1 device and on several, side by side.")
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default: $OUT or out)")
+    parser.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
+    parser.add_argument("--devices", default="0,1", help="GPU indices (CPU: worker numbers) (default: 0,1)")
+    parser.add_argument("--models", default="googlenet,resnet-18,resnet-50,mobilenet,squeezenet_v1.1,inception_v3")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tune-model", default="resnet-18")
+    parser.add_argument("--tuner", default="xgb")
+    parser.add_argument("--trials", type=int, default=32, help="trials per task (default: 32)")
+    parser.add_argument("--tasks", type=int, default=4, help="tasks tuned (default: the 4 heaviest)")
+    parser.add_argument("--parts", default="a,b", help="a (sweep), b (tuning) or both (default: a,b)")
+    parser.add_argument("--limit", type=float, default=1800, help="seconds per opbench command (default: 1800)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    summary: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "target": args.target, "devices": devices,
+                     "models": args.models, "batches": args.batches, "dtype": args.dtype}
+    if "a" in args.parts:
+        summary["sweep"] = part_a(args, devices, out, env)
+    if "b" in args.parts:
+        summary["tuning"] = {"model": args.tune_model, "tuner": args.tuner, "trials_per_task": args.trials,
+                             "tasks": args.tasks, **part_b(args, devices, out, env)}
+    (out / "bench_multigpu.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    print(json.dumps({k: v.get("speedup") if isinstance(v, dict) else v for k, v in summary.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
