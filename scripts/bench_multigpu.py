@@ -20,27 +20,13 @@ import argparse
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _cli import ROOT, run_opbench
+
 sys.path.insert(0, str(ROOT / "python"))
-
-
-def opbench(args: list[str], env: dict[str, str], log: Path, limit: float) -> tuple[int | str, float]:
-    """Run one ``opbench`` command (output to ``log``); its exit code (or "timeout") and wall seconds."""
-    start = time.perf_counter()
-    with open(log, "w") as out:
-        try:
-            code: int | str = subprocess.run([sys.executable, "-m", "opbench", *args], cwd=ROOT, env=env, stdout=out,
-                                             stderr=subprocess.STDOUT, timeout=limit).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    wall = time.perf_counter() - start
-    print(f"opbench {' '.join(args[:1])} ... ({log.name}): exit {code} in {wall:.1f} s", flush=True)
-    return code, wall
 
 
 def sweep_rows(db: Path) -> dict:
@@ -67,10 +53,10 @@ def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
     result: dict = {}
     for label, subset in (("1", devices[:1]), (str(len(devices)), devices)):
         db = out / f"sweep_{label}.sqlite"
-        code, wall = opbench(["collect", "--modelsource", "local", "--modelname", args.models, "--batchsize",
-                              args.batches, "--dtype", args.dtype, "--target", args.target, "--devices",
-                              ",".join(subset), "--dataset", str(db), "--json", str(out / f"sweep_{label}.json"),
-                              "-q"], env, out / f"sweep_{label}.log", args.limit)
+        argv = ["collect", "--modelsource", "local", "--modelname", args.models, "--batchsize", args.batches,
+                "--dtype", args.dtype, "--target", args.target, "--devices", ",".join(subset), "--dataset", str(db),
+                "--json", str(out / f"sweep_{label}.json"), "-q"]
+        code, wall, _ = run_opbench(argv, env, out / f"sweep_{label}.log", args.limit)
         result[f"{label} device{'s' if label != '1' else ''}"] = {"exit": code, "wall_s": round(wall, 1),
                                                                    **sweep_rows(db)}
     walls = [v["wall_s"] for v in result.values()]
@@ -87,12 +73,11 @@ def part_b(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
         tag = f"tune_{label}"
         servers = [None if cpu else d for d in subset]
         with LocalFarm("bench", servers, out / f"{tag}_farm") as farm:
-            code, wall = opbench(["collect", "--modelsource", "local", "--modelname", args.tune_model, "--dtype",
-                                  args.dtype, "--target", args.target, "--dataset", str(out / f"{tag}.sqlite"),
-                                  "--iftune", "true", "--tuner", args.tuner, "--trials", str(args.trials),
-                                  "--tune-tasks", str(args.tasks), "--rpc-tracker", farm.address, "--rpc-key",
-                                  "bench", "--json", str(out / f"{tag}.json"), "-q"], env, out / f"{tag}.log",
-                                 args.limit)
+            argv = ["collect", "--modelsource", "local", "--modelname", args.tune_model, "--dtype", args.dtype,
+                    "--target", args.target, "--dataset", str(out / f"{tag}.sqlite"), "--iftune", "true", "--tuner",
+                    args.tuner, "--trials", str(args.trials), "--tune-tasks", str(args.tasks), "--rpc-tracker",
+                    farm.address, "--rpc-key", "bench", "--json", str(out / f"{tag}.json"), "-q"]
+            code, wall, _ = run_opbench(argv, env, out / f"{tag}.log", args.limit)
             sessions = farm.sessions()
         tuning = {}
         try:

@@ -22,29 +22,16 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _cli import ROOT, run_opbench
 
 
 def opbench(args: list[str], env: dict, limit: float, log: Path, wrap: list[str] | None = None) -> dict:
-    """Run one ``opbench`` command with a time limit; its output goes to ``log``."""
-    cmd = [*(wrap or []), sys.executable, "-m", "opbench", *args]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
-        code, text = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code, text = "timeout", f"{exc.stdout or ''}{exc.stderr or ''}"
-    wall = time.perf_counter() - start
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n{text}\n(exit {code}, {wall:.1f} s)\n\n")
-    print(f"{' '.join(args[:3])} ...: exit {code} in {wall:.1f} s", flush=True)
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
+    """One step: its exit code, wall time and the last lines of its output."""
+    code, wall, text = run_opbench(args, env, log, limit, wrap)
     return {"exit": code, "wall_s": round(wall, 1), "tail": text.strip().splitlines()[-12:]}
 
 

@@ -4,11 +4,16 @@ the flags of a point's command, the cross product, and a real sweep of two tiny 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 
+import pytest
+
 from helpers import FAST, run
+from opbench import OpBenchError
 from opbench.pipeline.sweep import Point, Sweep, cross, format_sweep, strip_flags
+from opbench.runtime.device import cpu_child_env, cpu_groups
 
 WORKER = """
 import json, os, signal, sys
@@ -102,13 +107,6 @@ def test_a_sweep_with_an_unknown_model_fails_before_any_point(tmp_path):
 
 
 def test_cpu_workers_split_the_cores():
-    import os
-
-    import pytest
-
-    from opbench import OpBenchError
-    from opbench.runtime.device import cpu_child_env, cpu_groups
-
     cores = sorted(os.sched_getaffinity(0))
     groups = cpu_groups(2) if len(cores) >= 2 else [cores]
     assert sorted(c for g in groups for c in g) == cores and all(groups)  # disjoint, all cores, none empty
@@ -123,8 +121,6 @@ def test_cpu_workers_split_the_cores():
 def test_a_cpu_sweep_over_two_workers(tmp_path):
     """--devices 0,1 with a CPU target: two workers, each pinned to its half of the cores with its thread pools
     sized to it; every point's rows written once."""
-    import os
-
     path = tmp_path / "d.sqlite"
     models = "matmul:n=16,matmul:n=24"
     proc = run("--modelsource", "simple", "--modelname", models, "--batchsize", "1,2", "--devices", "0,1", *FAST,

@@ -310,8 +310,9 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
         if args.gpu is not None:
             raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")
         devices = list(parse_devices(args.devices))
-        for index in devices if not cpu else []:  # on a CPU, workers: cpu_groups checks their number
-            check_index(index, "--devices")
+        if not cpu:  # GPU indices; on a CPU they number workers, and cpu_groups checks how many
+            for index in devices:
+                check_index(index, "--devices")
         if args.iftune and len(devices) > 1:
             raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
                                "tune on one GPU first, then sweep the tuned kernels with --database")

@@ -61,6 +61,9 @@ _NEW_IN_V4 = {t: (_CORUN_V4 if t == "corun" else []) + ["dtype"] for t in TABLES
 _V3 = {t: [c for c in cols if c not in _NEW_IN_V4.get(t, [])] for t, cols in _V4.items()}
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
+# columns each version appends to the one before (ALTER TABLE ... ADD COLUMN)
+_ADDED = [(4, _NEW_IN_V4), (5, _NEW_IN_V5), (6, _NEW_IN_V6)]
+
 # schema version -> {table: columns}
 KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
 
@@ -87,7 +90,7 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
     """Migrate an open dataset from ``version`` to the current one, in one transaction."""
-    if version not in (1, 2, 3, 4, 5):
+    if not 1 <= version < SCHEMA_VERSION:
         raise ValueError(f"no migration from schema version {version}")
     with transaction(conn):
         if version == 1:
@@ -95,8 +98,9 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         else:
             if version == 2:
                 conn.execute(create_table("trials"))
-            added = {5: [_NEW_IN_V6], 4: [_NEW_IN_V5, _NEW_IN_V6]}.get(version, [_NEW_IN_V4, _NEW_IN_V5, _NEW_IN_V6])
-            for new in added:
+            for since, new in _ADDED:
+                if since <= version:
+                    continue  # the dataset has these columns already
                 for table, columns in new.items():
                     if version == 2 and table == "trials":
                         continue  # made just now, with every column
