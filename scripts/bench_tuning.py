@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -102,6 +103,13 @@ def top_operators(tasks: list[dict], tvm_ops: list[dict], torch_ops: list[dict] 
     return rows[:n]
 
 
+def median_aten_fraction(rows: list[dict]) -> float | None:
+    """Median over ``rows`` (see :func:`top_operators`) of the ATen kernel's speed reached by the tuned
+    kernel (ATen time / tuned time); None when no row has both times."""
+    fractions = [r["aten_ms"] / r["tuned_ms"] for r in rows if r["aten_ms"] and r["tuned_ms"]]
+    return statistics.median(fractions) if fractions else None
+
+
 def format_top(rows: list[dict]) -> str:
     head = f"{'op':>4} {'func':<44}{'shape':>18}{'dlight ms':>11}{'tuned ms':>10}{'ATen ms':>9}"
     lines = [head, "-" * len(head)]
@@ -110,6 +118,9 @@ def format_top(rows: list[dict]) -> str:
         aten = "-" if r["aten_ms"] is None else f"{r['aten_ms']:.4f}"
         tuned = "-" if r["tuned_ms"] is None else f"{r['tuned_ms']:.4f}"
         lines.append(f"{r['operator']:>4} {r['func'][:43]:<44}{shape:>18}{r['dlight_ms']:>11.4f}{tuned:>10}{aten:>9}")
+    fraction = median_aten_fraction(rows)
+    if fraction is not None:
+        lines.append(f"median operator: the tuned kernel reaches {fraction:.0%} of ATen's speed")
     return "\n".join(lines)
 
 
@@ -213,6 +224,7 @@ def main() -> int:
     summary["top_operators"] = top_operators(
         tuning["tasks"], collected.get("operator_times", []),
         json.loads(torch_json.read_text()).get("operator_times") if args.torch and torch_json.is_file() else None)
+    summary["median_tuned_fraction_of_aten_speed"] = median_aten_fraction(summary["top_operators"])
     print(format_top(summary["top_operators"]))
     if args.torch and not cpu:  # PyTorch itself in this process: eager, its own CUDA Graph, torch.compile
         summary["pytorch"] = pytorch_reference(args)

@@ -34,7 +34,7 @@ def collect_models(models: list[str], args: argparse.Namespace, env: dict[str, s
     """One ``opbench collect`` process per model, ``args.jobs`` at a time."""
     base = [sys.executable, "-m", "opbench", "collect", "--target", args.target,
             "--dataset", str(args.dataset), "-q"]
-    if args.target.startswith("cuda"):
+    if args.target.startswith("cuda") and args.corun_limit:
         base += ["--corun", "--corun-limit", str(args.corun_limit)]
     base += ["--batchsize", args.batchsize]
     pending = [(m, d) for m in models for d in args.dtypes.split(",")]
@@ -138,7 +138,7 @@ def main() -> int:
     parser.add_argument("--kernel-samples", type=int, default=0, metavar="S", help="draws of --kernels to collect")
     parser.add_argument("--kernel-from", type=int, default=1, metavar="K", help="first draw (draws K..K+S-1)")
     parser.add_argument("--jobs", type=int, default=4, help="collections at once (they take turns measuring)")
-    parser.add_argument("--corun-limit", type=int, default=100, help="co-run groups per model (cuda)")
+    parser.add_argument("--corun-limit", type=int, default=100, help="co-run groups per model (cuda; 0: no co-runs)")
     parser.add_argument("--dtypes", default="float32", help="precisions to collect every model in (comma-separated)")
     parser.add_argument("--batchsize", default="1", help="batch sizes to collect every model at (e.g. 1,8)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",

@@ -100,6 +100,23 @@ def test_a_real_sweep_keeps_the_good_points(tmp_path):
     assert again.returncode == 0 and "4 of 4 points finished (4 in an earlier run)" in again.stdout, again.stdout
 
 
+def test_a_cuda_sweep_leaves_the_gpu_to_its_points(tmp_path, monkeypatch):
+    """The parent of a sweep on plain ``--target cuda`` reads no GPU (it once refused such a sweep as a
+    remote GPU without ``arch``): each point resolves the target itself, here with no GPU to find."""
+    from opbench.runtime.target import target_config
+
+    assert target_config("cuda") == {"kind": "cuda"}
+    assert target_config('{"kind":"cuda","arch":"sm_90"}') == {"kind": "cuda", "arch": "sm_90"}
+    with pytest.raises(OpBenchError, match="unknown target 'gpu'"):
+        target_config("gpu")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for the points, on any machine
+    proc = run("--modelsource", "simple", "--modelname", "matmul:n=16", "--batchsize", "1,2", "--target", "cuda",
+               "--dataset", str(tmp_path / "d.sqlite"))
+    assert proc.returncode == 1 and "remote GPU" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.stderr.count("target 'cuda' needs an NVIDIA GPU") == 2, proc.stderr
+    assert "0 of 2 points finished" in proc.stdout
+
+
 def test_a_sweep_with_an_unknown_model_fails_before_any_point(tmp_path):
     proc = run("--modelsource", "local", "--modelname", "resnet-18,resnet-99", "--dataset", str(tmp_path / "d.sqlite"))
     assert proc.returncode == 2 and "unknown model 'resnet-99'" in proc.stderr

@@ -178,3 +178,40 @@ def test_gemm_dims_of_convolutions_and_matmuls():
     assert named["log2_gemm_n"] == pytest.approx(np.log2(33.0))
     assert named["log2_gemm_k"] == pytest.approx(np.log2(1153.0))
     assert named["log2_flops_per_out"] == pytest.approx(np.log2(2 * 1152.0 + 1))
+
+
+def test_precision_is_a_feature_and_tells_float16_from_bfloat16():
+    """Both half precisions are two bytes wide; the dtype columns are what tells them apart (dlight puts
+    float16 matmuls on tensor cores and bfloat16 ones on CUDA cores)."""
+    from opbench.predict.features import DTYPES, graph_feature_names, graph_features
+
+    def named(dtype: str) -> dict:
+        row = {**_conv(64, 28), "input_dtypes": [dtype, dtype], "output_dtypes": [dtype]}
+        return dict(zip(graph_feature_names(), graph_features(row), strict=True))
+
+    for dtype in DTYPES:
+        assert [named(dtype)[f"dtype={d}"] for d in DTYPES] == [float(d == dtype) for d in DTYPES]
+    fp16, bf16 = named("float16"), named("bfloat16")
+    assert fp16["dtype_bytes"] == bf16["dtype_bytes"] == 2.0
+    assert [k for k in fp16 if fp16[k] != bf16[k]] == ["dtype=float16", "dtype=bfloat16"]
+
+
+def test_rows_timed_unsteadily_do_not_train():
+    """A row whose repeats disagree by more than UNSTABLE_SPREAD is left out of training: a wild value
+    that would otherwise pull the prediction for its shape does not."""
+    from opbench.predict.latency import UNSTABLE_SPREAD, LatencyPredictor, stable
+
+    rows = [{**_conv(c, size), "latency_min_s": None, "latency_max_s": None}
+            for c in (64, 96, 128, 160) for size in (28, 35, 42, 49, 56)]
+    for r in rows:
+        r["latency_min_s"], r["latency_max_s"] = 0.99 * r["latency_median_s"], 1.05 * r["latency_median_s"]
+    wild = {**_conv(128, 42)}
+    truth = wild["latency_median_s"]
+    wild.update(latency_median_s=50 * truth, latency_min_s=10 * truth, latency_max_s=60 * truth)
+    assert all(stable(r) for r in rows) and not stable(wild) and stable({"latency_median_s": 1.0})
+    assert UNSTABLE_SPREAD == pytest.approx(0.2)
+    model = LatencyPredictor.fit([*rows, wild, wild, wild])
+    assert model.meta["n_rows"] == len(rows)
+    assert model.predict([_conv(128, 42)])[0] == pytest.approx(truth, rel=0.25)
+    few = [wild] * 30  # nothing stable enough to train on: every row trains
+    assert LatencyPredictor.fit(few).meta["n_rows"] == 30

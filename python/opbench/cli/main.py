@@ -301,11 +301,11 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
     ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
     from ..pipeline.sweep import Sweep, format_sweep, state_path, strip_flags
-    from ..runtime import is_gpu, resolve_target
     from ..runtime.device import check_index, parse_devices
+    from ..runtime.target import target_config
 
     devices: list[int | None] = [None]
-    cpu = not is_gpu(resolve_target(args.target, local_device=False))
+    cpu = target_config(args.target).get("kind") != "cuda"  # read without the GPU: the points' processes use it
     if args.devices is not None:
         if args.gpu is not None:
             raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")

@@ -26,6 +26,7 @@ import numpy as np
 from ..dataset import json_value
 from ..ir.features import dtype_bytes
 
+DTYPES = ("float32", "float16", "bfloat16")
 KINDS = ["conv2d", "conv_transpose", "matmul", "pool", "softmax", "norm", "reduction", "concat", "transform",
          "elementwise"]
 FEATURE_SETS = ("graph", "graph+launch", "graph+kernel")
@@ -72,6 +73,7 @@ def graph_feature_names() -> list[str]:
     names += ["stride_h", "stride_w", "kernel_h", "kernel_w", "pad_sum", "dilation", "log2_groups", "depthwise",
               "log2_channels_per_group", "has_relu", "has_add", "has_bias_like"]
     names += ["log2_flops_per_out", "log2_gemm_m", "log2_gemm_n", "log2_gemm_k"]
+    names += [f"dtype={d}" for d in DTYPES]
     return names
 
 
@@ -129,6 +131,8 @@ def graph_features(op: dict[str, Any]) -> list[float]:
             1.0 if ("multiply" in names or "subtract" in names) else 0.0]
     m, n, k = gemm_dims(kind, out0, attrs, flops)
     row += [_log2(flops / max(_numel(out0), 1.0)), _log2(m), _log2(n), _log2(k)]
+    compute = (json_value(op.get("input_dtypes")) or dtypes)[0]
+    row += [1.0 if compute == d else 0.0 for d in DTYPES]
     return row
 
 

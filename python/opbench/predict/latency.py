@@ -31,6 +31,9 @@ from .metrics import by_group, regression_metrics
 from .splits import check_split, folds, group_label
 
 MIN_ROWS = 20
+#: a row whose repeats disagree by more than this (``(max - min) / min``) does not train: something else ran on
+#: the device while it was timed (a max pool measured at 35-60 us where the same operator takes 10 us elsewhere)
+UNSTABLE_SPREAD = 0.2
 SEEDS = 2  # boosters of each kind, trained with seeds seed, seed + 1, ...
 
 
@@ -42,7 +45,10 @@ class LatencyPredictor(Predictor):
     @classmethod
     def fit(cls, ops: Sequence[dict[str, Any]], feature_set: str = "graph+launch", seed: int = 0,
             meta: dict[str, Any] | None = None) -> LatencyPredictor:
-        """Train on operator rows (``latency_median_s`` and the feature columns)."""
+        """Train on operator rows (``latency_median_s`` and the feature columns); rows whose repeats disagree
+        by more than :data:`UNSTABLE_SPREAD` are left out (all are kept if too few would remain)."""
+        kept = [r for r in ops if stable(r)]
+        ops = kept if len(kept) >= MIN_ROWS else list(ops)
         y = np.log(np.array([float(r["latency_median_s"]) for r in ops]))
         base = baseline_columns(ops, feature_set)
         fill = [float(np.nanmean(c)) if np.isfinite(c).any() else 0.0 for c in base.T]
@@ -93,6 +99,14 @@ def latency_rows(path: str, device: str | None = None, config: str = "default") 
     rows, device_name = dataset_rows(path, "operators", device)
     rows = [r for r in rows if r.get("config") == config and r.get("latency_median_s")]
     return rows, device_name
+
+
+def stable(row: dict[str, Any]) -> bool:
+    """Whether a row's repeats agree within :data:`UNSTABLE_SPREAD` (rows without min/max count as stable)."""
+    low, high = row.get("latency_min_s"), row.get("latency_max_s")
+    if not low or high is None:
+        return True
+    return (float(high) - float(low)) / float(low) <= UNSTABLE_SPREAD
 
 
 def sampled(row: dict[str, Any]) -> bool:
@@ -174,5 +188,5 @@ def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) ->
             for op, t in zip(ops, seconds, strict=True)]
 
 
-__all__ = ["MIN_ROWS", "SEEDS", "LatencyPredictor", "evaluate", "group_of", "latency_rows", "predict_workload",
-           "sampled"]
+__all__ = ["MIN_ROWS", "SEEDS", "UNSTABLE_SPREAD", "LatencyPredictor", "evaluate", "group_of", "latency_rows",
+           "predict_workload", "sampled", "stable"]

@@ -28,6 +28,25 @@ PEAKS = {
 KIND_COLORS = {"conv2d": "#1f77b4", "matmul": "#ff7f0e", "pool": "#2ca02c", "concat": "#d62728",
                "elementwise": "#9467bd", "transform": "#8c564b", "reduction": "#e377c2", "softmax": "#7f7f7f",
                "norm": "#bcbd22", "conv_transpose": "#17becf"}
+# rows of several precisions: one marker (scatter plots) and one colour (histograms) per precision
+DTYPE_MARKERS = {"float32": "o", "float16": "^", "bfloat16": "s"}
+DTYPE_COLORS = {"float32": "#1f77b4", "float16": "#ff7f0e", "bfloat16": "#2ca02c"}
+
+
+def dtype_of(row: dict[str, Any]) -> str:
+    """A row's precision (rows written before the dtype column are float32)."""
+    return row.get("dtype") or "float32"
+
+
+def per_dtype(rows: list[dict[str, Any]], value: Any, fmt: str) -> str:
+    """``value(rows of one precision)`` for each precision among ``rows``, as 'float16 V (n=N), ...';
+    empty when the rows have one precision only."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[dtype_of(r)].append(r)
+    if len(groups) < 2:
+        return ""
+    return ", ".join(f"{d} {format(value(g), fmt)} (n={len(g)})" for d, g in sorted(groups.items()))
 
 
 def _log_axes(ax: Any, which: str) -> None:
@@ -98,7 +117,7 @@ class ReportData:
     def label(row: dict[str, Any]) -> str:
         """A workload's name in the figures: the model, with its batch size and dtype where not 1 and fp32."""
         batch = "" if row.get("batch_size") in (1, None) else f" b{row['batch_size']}"
-        dtype = "" if (row.get("dtype") or "float32") == "float32" else f" {row['dtype']}"
+        dtype = "" if dtype_of(row) == "float32" else f" {dtype_of(row)}"
         return f"{row['model']}{batch}{dtype}"
 
     def by_model(self) -> dict[str, list[dict[str, Any]]]:
@@ -245,13 +264,18 @@ def roofline(data: ReportData, path: Path, **_: Any) -> str:
         raise Missing("no operator with FLOPs and bytes")
     peaks = device_peaks(data)
     fig, ax = plt.subplots(figsize=(9, 6))
+    dtypes = sorted({dtype_of(o) for o in ops})
     for kind in sorted({o["kind"] for o in ops}):
-        sub = [o for o in ops if o["kind"] == kind]
-        ax.scatter([o["flops"] / o["bytes"] for o in sub], [o["flops"] / o["latency_median_s"] / 1e9 for o in sub],
-                   s=10, alpha=0.6, label=kind, color=KIND_COLORS.get(kind))
+        for n, dtype in enumerate(dtypes):
+            sub = [o for o in ops if o["kind"] == kind and dtype_of(o) == dtype]
+            ax.scatter([o["flops"] / o["bytes"] for o in sub], [o["flops"] / o["latency_median_s"] / 1e9 for o in sub],
+                       s=10, alpha=0.6, label=kind if n == 0 else None, color=KIND_COLORS.get(kind),
+                       marker=DTYPE_MARKERS.get(dtype, "o"))
+    if len(dtypes) > 1:  # the markers' key: one grey marker per precision
+        for dtype in dtypes:
+            ax.scatter([], [], s=14, color="grey", marker=DTYPE_MARKERS.get(dtype, "o"), label=dtype)
     ai = np.logspace(np.log10(min(o["flops"] / o["bytes"] for o in ops)) - 0.3,
                      np.log10(max(o["flops"] / o["bytes"] for o in ops)) + 0.3, 200)
-    dtypes = sorted({o.get("dtype") or "float32" for o in ops})
     flushed = sum(1 for o in ops if o.get("l2_flush"))
     warm = len(ops) - flushed
     if peaks:
@@ -298,7 +322,15 @@ def corun_speedups(data: ReportData, path: Path, **_: Any) -> str:
         raise Missing("no co-run groups (collect with --corun on a GPU)")
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
     speedups = np.array([g["speedup"] for g in groups])
-    left.hist(speedups, bins=40, color="#1f77b4")
+    dtypes = sorted({dtype_of(g) for g in groups})
+    if len(dtypes) > 1:  # one outlined histogram per precision, on the same bins
+        bins = np.histogram_bin_edges(speedups, bins=40)
+        for dtype in dtypes:
+            left.hist([g["speedup"] for g in groups if dtype_of(g) == dtype], bins=bins, histtype="step", lw=1.5,
+                      color=DTYPE_COLORS.get(dtype), label=dtype)
+        left.legend(fontsize=8)
+    else:
+        left.hist(speedups, bins=40, color="#1f77b4")
     left.axvline(1.0, color="k", ls="--", lw=1)
     left.set_xlabel("speedup: one after another / launched together")
     left.set_ylabel("co-run groups")
@@ -325,7 +357,9 @@ def corun_speedups(data: ReportData, path: Path, **_: Any) -> str:
     right.set_title(f"mean speedup of {sum(len(v) for v in pairs.values())} two-operator groups, by kinds")
     fig.colorbar(image, ax=right, label="speedup (x)")
     _save(fig, path)
-    return "Speedup above 1: the operators finished sooner together on separate streams than one after another."
+    note = "Speedup above 1: the operators finished sooner together on separate streams than one after another."
+    by_dtype = per_dtype(groups, lambda g: float(np.median([x["speedup"] for x in g])), ".2f")
+    return f"{note} Median speedup by precision: {by_dtype}." if by_dtype else note
 
 
 def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
@@ -361,8 +395,10 @@ def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
     _save(fig, path)
     skipped = len(data.ops) - len(pairs)
     note = f"; {skipped} operators have no stored prediction" if skipped else ""
+    rows = [{"dtype": dtype_of(o), "error": e} for (o, _), e in zip(pairs, err, strict=True)]
+    by_dtype = per_dtype(rows, lambda g: float(np.mean([r["error"] for r in g])), ".1%")
     return (f"Every operator predicted by a fold trained without its group ({h.get('split')}, {h.get('folds')} "
-            f"folds), as 'opbench train' stored them{note}.")
+            f"folds), as 'opbench train' stored them{note}." + (f" MAPE by precision: {by_dtype}." if by_dtype else ""))
 
 
 def tuning_curves(data: ReportData, path: Path, **_: Any) -> str:

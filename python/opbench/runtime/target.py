@@ -12,6 +12,25 @@ from .device import gpu_index
 TARGETS = ("llvm", "cuda")
 
 
+def target_config(target: Any) -> dict[str, Any]:
+    """The target dict ``target`` names (``llvm``, ``cuda``, a JSON text or a dict), read without touching a
+    device: a sweep's parent process decides GPU or CPU workers from it and leaves the GPU to the workers."""
+    if isinstance(target, dict):
+        return dict(target)
+    if hasattr(target, "kind"):  # a tvm.target.Target
+        return {"kind": target.kind.name}
+    text = str(target).strip()
+    if text.startswith("{"):
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise OpBenchError(f"bad target JSON '{text}': {err}") from None
+        return config
+    if text.lower() in TARGETS:
+        return {"kind": text.lower()}
+    raise OpBenchError(f"unknown target '{text}' (accepted: {', '.join(TARGETS)}, or a JSON target dict)")
+
+
 def resolve_target(target: Any, local_device: bool = True) -> Any:
     """Turn ``llvm``, ``cuda`` or a JSON target dict into a ``tvm.target.Target``.
 
@@ -24,21 +43,7 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
 
     if isinstance(target, tvm.target.Target):
         return target
-    if isinstance(target, dict):
-        config = dict(target)
-    else:
-        text = str(target).strip()
-        if text.startswith("{"):
-            try:
-                config = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise OpBenchError(f"bad target JSON '{text}': {err}") from None
-        elif text.lower() in TARGETS:
-            config = {"kind": text.lower()}
-        else:
-            raise OpBenchError(
-                f"unknown target '{text}' (accepted: {', '.join(TARGETS)}, or a JSON target dict)"
-            )
+    config = target_config(target)
     kind = config.get("kind")
     if kind == "llvm":
         from tvm.target.codegen import llvm_get_system_cpu, llvm_get_system_triple, llvm_is_valid_cpu
