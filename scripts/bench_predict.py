@@ -83,6 +83,7 @@ def metrics(args: argparse.Namespace) -> dict:
 def precision(args: argparse.Namespace) -> dict:
     import numpy as np
 
+    from opbench.dataset import row_dtype
     from opbench.pipeline.train import train
     from opbench.predict.latency import UNSTABLE_SPREAD, LatencyPredictor, latency_rows, sampled
     from opbench.predict.metrics import regression_metrics
@@ -96,7 +97,7 @@ def precision(args: argparse.Namespace) -> dict:
         print(f"{what:<8}{split:<10}{result['folds']:>3} folds  MAPE {result['metrics']['mape']:.3f}", flush=True)
     fp32, device = latency_rows(str(args.dataset))
     half, _ = latency_rows(str(args.half_dataset), device)
-    train_rows = [r for r in fp32 if (r.get("dtype") or "float32") == "float32"]
+    train_rows = [r for r in fp32 if row_dtype(r) == "float32"]
     model = LatencyPredictor.fit(train_rows, "graph+launch")
     transfer = {"device": device, "train_rows": len(train_rows)}
     for dtype in ("float16", "bfloat16"):

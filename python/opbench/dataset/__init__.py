@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
-from .frames import json_value
+from .frames import json_value, row_dtype
 from .schema import ALL_TABLES, SCHEMA_VERSION, TABLES, columns_of
 from .store import Dataset, inspect_file, model_key, now
 
@@ -78,4 +78,5 @@ def export(path: str | Path, fmt: str | None, out: str | Path, tables: list[str]
 
 
 __all__ = ["ALL_TABLES", "SCHEMA_VERSION", "TABLES", "Dataset", "check_tables", "export", "export_format",
-           "export_targets", "inspect_file", "json_value", "load", "model_key", "now"]
+           "export_targets", "inspect_file", "json_value", "load", "model_key", "now",
+           "row_dtype"]

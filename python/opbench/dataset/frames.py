@@ -33,6 +33,11 @@ def json_value(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def row_dtype(row: dict[str, Any]) -> str:
+    """A row's precision: its ``dtype`` column, float32 for rows written before that column existed."""
+    return row.get("dtype") or "float32"
+
+
 def typed_frame(raw: Any, columns: list[tuple[str, str]]) -> Any:
     """Give a raw SQL frame its logical types (see the module docstring)."""
     import pandas as pd

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset import json_value
+from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, open_dataset, xgb_regressor
 from .features import corun_feature_names, corun_features, member_feature_names, member_features
@@ -98,7 +98,7 @@ def corun_examples(path: str, device: str | None = None) -> tuple[list[dict[str,
                 not all(s and s > 0 for s in solo):
             continue
         out.append({"workload_id": r["workload_id"], "model": r["model"], "source": r["source"],
-                    "dtype": r.get("dtype") or "float32",
+                    "dtype": row_dtype(r),
                     "group_key": r["group_key"], "members": members, "solo_s": [float(s) for s in solo],
                     "concurrent_s": float(r["concurrent_s"]), "sequential_s": r.get("sequential_s"),
                     "slowdowns": json_value(r.get("slowdowns")), "device_sms": r.get("gpu_sm_count"),

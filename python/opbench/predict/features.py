@@ -100,7 +100,8 @@ def graph_features(op: dict[str, Any]) -> list[float]:
     attrs = json_value(op.get("attrs")) or {}
     ins = json_value(op.get("input_shapes")) or []
     outs = json_value(op.get("output_shapes")) or []
-    dtypes = json_value(op.get("output_dtypes")) or json_value(op.get("input_dtypes")) or ["float32"]
+    in_dtypes = json_value(op.get("input_dtypes"))
+    dtypes = json_value(op.get("output_dtypes")) or in_dtypes or ["float32"]
     flops = float(op.get("flops") or 0.0)
     nbytes = float(op.get("bytes") or 0.0)
     intensity = op.get("arithmetic_intensity")
@@ -131,7 +132,7 @@ def graph_features(op: dict[str, Any]) -> list[float]:
             1.0 if ("multiply" in names or "subtract" in names) else 0.0]
     m, n, k = gemm_dims(kind, out0, attrs, flops)
     row += [_log2(flops / max(_numel(out0), 1.0)), _log2(m), _log2(n), _log2(k)]
-    compute = (json_value(op.get("input_dtypes")) or dtypes)[0]
+    compute = (in_dtypes or dtypes)[0]  # the precision the operator computes in: its first input's
     row += [1.0 if compute == d else 0.0 for d in DTYPES]
     return row
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset import row_dtype
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, xgb_regressor
 from .features import FEATURE_SETS, baseline_columns, operator_feature_names, operator_matrix, task_signature
@@ -155,10 +156,10 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
         m, p = float(measured[idx].sum()), float(predicted[idx].sum())
         first = rows[idx[0]]
         held_out.append({"model": first["model"], "workload_id": wid, "batch_size": first.get("batch_size"),
-                         "dtype": first.get("dtype") or "float32", "operators": len(idx),
+                         "dtype": row_dtype(first), "operators": len(idx),
                          "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
     per_dtype: dict[str, Any] = {}
-    for dtype, idx in sorted(by_group([r.get("dtype") or "float32" for r in rows]).items()):
+    for dtype, idx in sorted(by_group([row_dtype(r) for r in rows]).items()):
         sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
         per_dtype[dtype] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
     return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "n_sampled": len(extra), "folds": len(n_train),

@@ -20,6 +20,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from ..dataset import row_dtype
 from ..errors import OpBenchError
 from .metrics import by_group
 
@@ -39,7 +40,7 @@ def group_label(row: dict, split: str) -> Hashable | None:
     if split == "by_model":
         return f"{row.get('source', '')}:{row['model']}"
     if split == "by_dtype":
-        return row.get("dtype") or "float32"
+        return row_dtype(row)
     return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset import json_value
+from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
 from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, r2, rmse, top_k
@@ -105,7 +105,7 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
             continue
         out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]),
                     "model": trows[0]["model"], "source": trows[0].get("source", ""),
-                    "dtype": trows[0].get("dtype") or "float32", "workload_id": key[0], "task": key[1],
+                    "dtype": row_dtype(trows[0]), "workload_id": key[0], "task": key[1],
                     "weight": float(trows[0].get("task_weight") or 1), "group_hash": shash2hex(mod),
                     "target_kind": target_kind(trows[0]["target"])}
     return out, device_name

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset import json_value
+from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
 from ..predict.latency import sampled
 
@@ -33,17 +33,12 @@ DTYPE_MARKERS = {"float32": "o", "float16": "^", "bfloat16": "s"}
 DTYPE_COLORS = {"float32": "#1f77b4", "float16": "#ff7f0e", "bfloat16": "#2ca02c"}
 
 
-def dtype_of(row: dict[str, Any]) -> str:
-    """A row's precision (rows written before the dtype column are float32)."""
-    return row.get("dtype") or "float32"
-
-
 def per_dtype(rows: list[dict[str, Any]], value: Any, fmt: str) -> str:
     """``value(rows of one precision)`` for each precision among ``rows``, as 'float16 V (n=N), ...';
     empty when the rows have one precision only."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        groups[dtype_of(r)].append(r)
+        groups[row_dtype(r)].append(r)
     if len(groups) < 2:
         return ""
     return ", ".join(f"{d} {format(value(g), fmt)} (n={len(g)})" for d, g in sorted(groups.items()))
@@ -117,7 +112,7 @@ class ReportData:
     def label(row: dict[str, Any]) -> str:
         """A workload's name in the figures: the model, with its batch size and dtype where not 1 and fp32."""
         batch = "" if row.get("batch_size") in (1, None) else f" b{row['batch_size']}"
-        dtype = "" if dtype_of(row) == "float32" else f" {dtype_of(row)}"
+        dtype = "" if row_dtype(row) == "float32" else f" {row_dtype(row)}"
         return f"{row['model']}{batch}{dtype}"
 
     def by_model(self) -> dict[str, list[dict[str, Any]]]:
@@ -140,7 +135,7 @@ class ReportData:
         for wid, ops in groups.items():
             model = vm.get(wid) or {}
             rows.append({"workload": self.label(ops[0]), "model": ops[0]["model"],
-                         "batch_size": ops[0].get("batch_size"), "dtype": ops[0].get("dtype") or "float32",
+                         "batch_size": ops[0].get("batch_size"), "dtype": row_dtype(ops[0]),
                          "operators": len(ops), "sum_ms": sum(o["latency_median_s"] for o in ops) * 1e3,
                          "whole_model_ms": (model.get("vm_latency_median_s") or 0) * 1e3 or None,
                          "whole_model_p90_ms": (model.get("vm_latency_p90_s") or 0) * 1e3 or None,
@@ -264,10 +259,10 @@ def roofline(data: ReportData, path: Path, **_: Any) -> str:
         raise Missing("no operator with FLOPs and bytes")
     peaks = device_peaks(data)
     fig, ax = plt.subplots(figsize=(9, 6))
-    dtypes = sorted({dtype_of(o) for o in ops})
+    dtypes = sorted({row_dtype(o) for o in ops})
     for kind in sorted({o["kind"] for o in ops}):
         for n, dtype in enumerate(dtypes):
-            sub = [o for o in ops if o["kind"] == kind and dtype_of(o) == dtype]
+            sub = [o for o in ops if o["kind"] == kind and row_dtype(o) == dtype]
             ax.scatter([o["flops"] / o["bytes"] for o in sub], [o["flops"] / o["latency_median_s"] / 1e9 for o in sub],
                        s=10, alpha=0.6, label=kind if n == 0 else None, color=KIND_COLORS.get(kind),
                        marker=DTYPE_MARKERS.get(dtype, "o"))
@@ -322,11 +317,11 @@ def corun_speedups(data: ReportData, path: Path, **_: Any) -> str:
         raise Missing("no co-run groups (collect with --corun on a GPU)")
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
     speedups = np.array([g["speedup"] for g in groups])
-    dtypes = sorted({dtype_of(g) for g in groups})
+    dtypes = sorted({row_dtype(g) for g in groups})
     if len(dtypes) > 1:  # one outlined histogram per precision, on the same bins
         bins = np.histogram_bin_edges(speedups, bins=40)
         for dtype in dtypes:
-            left.hist([g["speedup"] for g in groups if dtype_of(g) == dtype], bins=bins, histtype="step", lw=1.5,
+            left.hist([g["speedup"] for g in groups if row_dtype(g) == dtype], bins=bins, histtype="step", lw=1.5,
                       color=DTYPE_COLORS.get(dtype), label=dtype)
         left.legend(fontsize=8)
     else:
@@ -395,7 +390,7 @@ def predicted_vs_measured(data: ReportData, path: Path, **_: Any) -> str:
     _save(fig, path)
     skipped = len(data.ops) - len(pairs)
     note = f"; {skipped} operators have no stored prediction" if skipped else ""
-    rows = [{"dtype": dtype_of(o), "error": e} for (o, _), e in zip(pairs, err, strict=True)]
+    rows = [{"dtype": row_dtype(o), "error": e} for (o, _), e in zip(pairs, err, strict=True)]
     by_dtype = per_dtype(rows, lambda g: float(np.mean([r["error"] for r in g])), ".1%")
     return (f"Every operator predicted by a fold trained without its group ({h.get('split')}, {h.get('folds')} "
             f"folds), as 'opbench train' stored them{note}." + (f" MAPE by precision: {by_dtype}." if by_dtype else ""))
