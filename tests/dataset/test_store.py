@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sqlite3
 import threading
@@ -41,7 +42,7 @@ def test_rows_written_and_read(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "6" and meta["created_by"].startswith("opbench ")
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "7" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
@@ -100,20 +101,20 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     _v1_file(path)
     before = sha(path)
     with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
-        assert ds.schema_version() == 6
+        assert ds.schema_version() == 7
         (op,) = ds.rows("operators")
         (model,) = ds.rows("models")
     backup = tmp_path / "old.sqlite.v1-backup"
     assert sha(backup) == before  # the backup is the original, byte for byte
     assert [r.message for r in caplog.records if "migrated" in r.message] == [
-        f"migrated dataset {path} from schema version 1 to 6; the original is kept as {backup}"]
+        f"migrated dataset {path} from schema version 1 to 7; the original is kept as {backup}"]
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
     assert op["dtype"] == model["dtype"] == "float32"  # version 1 measured float32 only
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "6", "migrated_from": "1"}
+    assert meta == {"schema_version": "7", "migrated_from": "1"}
     # a v2 key can never be one of these: migrated workloads are marked
     with Dataset(path) as ds:
         assert not ds.has("operators", {**KEY, "op_index": 0})
@@ -166,7 +167,7 @@ def _junk(path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (_junk, "not an OpBench dataset (not an SQLite file)"),
     (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
-    (_newer, "schema version 99, newer than this OpBench reads (6)"),
+    (_newer, "schema version 99, newer than this OpBench reads (7)"),
     (_foreign_column, "table 'operators' has foreign columns secret"),
     (_foreign_table, "foreign tables: extra"),
 ])
@@ -271,7 +272,8 @@ def test_export_is_read_only_and_typed(tmp_path):
     assert len(frame) == 4 and list(frame["op_index"]) == [0, 1, 2, 3]
     assert frame["preds"].iloc[2] == "[0, 1]"  # lists as JSON in CSV
     files = export(path, "csv", tmp_path / "all.csv")
-    assert [f.name for f in files] == [f"all-{t}.csv" for t in ("runs", "operators", "models", "corun", "trials")]
+    tables = ("runs", "operators", "models", "corun", "trials", "tasks")
+    assert [f.name for f in files] == [f"all-{t}.csv" for t in tables]
     assert sha(path) == before
     pytest.importorskip("pyarrow")
     (pq,) = export(path, None, tmp_path / "ops.parquet", ["operators"])
@@ -303,15 +305,18 @@ def test_export_errors(tmp_path):
 
 
 def _old_dataset(path, version):
-    """An empty dataset as version 2, 3, 4 or 5 wrote it (no trials table in 2, no SM-partition co-run columns
-    and no dtype column before 4, no percentile columns before 5, no gpu_uuid before 6)."""
-    from opbench.dataset.schema import PERCENTILE_COLUMNS, create_statements
+    """An empty dataset as version 2 to 6 wrote it (no trials table in 2, no SM-partition co-run columns
+    and no dtype column before 4, no percentile columns before 5, no gpu_uuid before 6, no tasks table and
+    no sampler columns of trials before 7)."""
+    from opbench.dataset.schema import PERCENTILE_COLUMNS, SAMPLE_COLUMNS, create_statements
 
     with contextlib.closing(sqlite3.connect(path)) as conn:
         for stmt in create_statements():
-            if version >= 3 or "CREATE TABLE trials" not in stmt:
+            if (version >= 3 or "CREATE TABLE trials" not in stmt) and "CREATE TABLE tasks" not in stmt:
                 conn.execute(stmt)
-        for table in ("operators", "models", "corun", "trials"):
+        for column, _ in SAMPLE_COLUMNS if version >= 3 else ():
+            conn.execute(f"ALTER TABLE trials DROP COLUMN {column}")
+        for table in ("operators", "models", "corun", "trials") if version < 6 else ():
             if version >= 3 or table != "trials":
                 conn.execute(f"ALTER TABLE {table} DROP COLUMN gpu_uuid")
         for table, columns in PERCENTILE_COLUMNS.items() if version < 5 else ():
@@ -331,7 +336,7 @@ def test_v2_gains_the_trials_table(tmp_path):
     _old_dataset(path, 2)
     with Dataset(path) as ds:
         ds.put("operators", _row(0))
-        assert ds.schema_version() == 6 and ds.count("trials") == 0
+        assert ds.schema_version() == 7 and ds.count("trials") == 0
     assert (tmp_path / "v2.sqlite.v2-backup").is_file()
 
 
@@ -343,16 +348,16 @@ def test_v3_gains_the_partition_columns_of_corun_and_a_dtype(tmp_path):
                      "VALUES ('w', 'd', 'default', 0, 'g', 1.5)")
         conn.commit()
     with Dataset(path, readonly=True) as ds:  # read only: migrated in memory, the file stays version 3
-        assert ds.schema_version() == 6
+        assert ds.schema_version() == 7
     with Dataset(path) as ds:
-        assert ds.schema_version() == 6
+        assert ds.schema_version() == 7
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(corun)")]
         row = conn.execute("SELECT speedup, partitioned_s, partition_sms, dtype FROM corun").fetchone()
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
     assert cols[-7:-4] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
     assert cols[-4:] == ["concurrent_p10_s", "concurrent_p90_s", "concurrent_p99_s", "gpu_uuid"]
-    assert meta == {"schema_version": "6", "migrated_from": "3"}
+    assert meta == {"schema_version": "7", "migrated_from": "3"}
     assert (tmp_path / "v3.sqlite.v3-backup").is_file()
 
 
@@ -365,7 +370,7 @@ def _migrated_row(tmp_path, version: int, insert: str):
         conn.execute(insert)
         conn.commit()
     with Dataset(path) as ds:
-        assert ds.schema_version() == 6
+        assert ds.schema_version() == 7
         (row,) = ds.rows(insert.split()[2])
     return path, row
 
@@ -393,6 +398,18 @@ def test_v5_gains_the_gpu_uuid(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
         last = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")][-1] for t in
-                ("operators", "models", "corun", "trials")}
-    assert meta == {"schema_version": "6", "migrated_from": "5"}
+                ("operators", "models", "corun")}
+    assert meta == {"schema_version": "7", "migrated_from": "5"}
     assert set(last.values()) == {"gpu_uuid"}
+
+
+def test_v6_gains_the_tasks_table_and_the_sampler_columns(tmp_path):
+    from opbench.dataset.schema import SAMPLE_COLUMNS
+
+    path, row = _migrated_row(tmp_path, 6, "INSERT INTO trials (workload_id, device_id, config, l2_flush, task, "
+                              "tuner, trial, latency_median_s) VALUES ('w', 'd', 'tuning', 0, 't', 'xgb', 0, 0.5)")
+    assert row["latency_median_s"] == 0.5 and all(row[c] is None for c, _ in SAMPLE_COLUMNS)
+    with Dataset(path) as ds:
+        ds.put("tasks", {"workload_id": "task1", "task": "fused_dense", "uses": [{"model": "m"}]})
+        (task,) = ds.rows("tasks")
+    assert task["task"] == "fused_dense" and json.loads(task["uses"]) == [{"model": "m"}]

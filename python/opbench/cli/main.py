@@ -1,7 +1,7 @@
 """The ``opbench`` command: parse, run a job of :mod:`opbench.pipeline`, print (:mod:`.format`).
 
 Subcommands: ``collect`` (the default when the first argument is a flag), ``compare``, ``export``,
-``models``, ``configspace``, and ``train``, ``predict``, ``report`` (:mod:`.learn`).
+``models``, ``configspace``, ``sample`` (:mod:`.sample`), and ``train``, ``predict``, ``report`` (:mod:`.learn`).
 ``python/performance_collector/op_performance_collector.py`` maps OpBench's flags onto ``collect``.
 
 Exit status: 0 ok, 1 runtime failure, 2 usage or bad input, 3 finished with failed operators,
@@ -26,6 +26,7 @@ from .._version import __version__
 from ..errors import OpBenchError
 from ..utils import PERCENTILES, announced
 from . import learn
+from . import sample as sample_cmd
 from .args import (
     DEFAULT_DATASET,
     EXIT_FAILED_OPS,
@@ -211,7 +212,8 @@ def build_parser(prog: str = "opbench") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"opbench {__version__}")
     parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    for add in (_add_collect, _add_export, _add_models, _add_compare, _add_configspace, learn.add_parsers):
+    for add in (_add_collect, _add_export, _add_models, _add_compare, _add_configspace, sample_cmd.add_parser,
+                learn.add_parsers):
         add(sub)
     return parser
 

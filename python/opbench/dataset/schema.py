@@ -11,7 +11,9 @@ corun       one row per co-run group (several operators launched together; with 
 Version 4 also gives every measurement table a ``dtype`` column (the workload's precision: float32,
 float16 or bfloat16; rows of earlier versions are float32). Version 5 adds the timing percentiles
 (p10, p90, p99; the median is p50) to operators, models and co-runs (NULL in earlier rows).
-trials      one row per candidate schedule measured while tuning (version 3).
+trials      one row per candidate schedule measured while tuning (version 3) or sampling (version 7).
+tasks       one row per tensor-program task sampled by ``opbench sample`` (version 7): its module once,
+            which models use it, what sampling it cost. Its ``workload_id`` keys the task's trial rows.
 
 Keys
 ----
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 from ..utils import PERCENTILES
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -120,13 +122,31 @@ GPU_UUID_COLUMN = ("gpu_uuid", "TEXT")
 for _columns in (OPERATOR_COLUMNS, MODEL_COLUMNS, CORUN_COLUMNS, TRIAL_COLUMNS):
     _columns.append(GPU_UUID_COLUMN)
 
+# version 7: what ``opbench sample`` keeps of each candidate, appended to trials by the migration
+SAMPLE_COLUMNS = [
+    ("seed", "INTEGER"), ("origin", "TEXT"), ("sketch", "INTEGER"), ("candidate_hash", "TEXT"),
+    ("number", "INTEGER"), ("repeats", "INTEGER"), ("spread", "REAL"), ("build_s", "REAL"),
+    ("audit_secs", "JSON"),
+]
+TRIAL_COLUMNS.extend(SAMPLE_COLUMNS)
+
+# version 7: one row per sampled task (its workload_id keys the task's trial rows)
+TASK_COLUMNS = [
+    ("workload_id", "TEXT"), ("task", "TEXT"), ("target", "TEXT"), ("dtype", "TEXT"), ("space", "TEXT"),
+    ("mod", "JSON"), ("args_info", "JSON"), ("flops", "REAL"), ("uses", "JSON"), ("sampling", "JSON"),
+    ("created_at", "TIME"),
+]
+
 # measurement tables: (columns, unique key)
 TABLES = {
     "operators": (OPERATOR_COLUMNS, KEY_COLUMNS + ["op_index"]),
     "models": (MODEL_COLUMNS, KEY_COLUMNS),
     "corun": (CORUN_COLUMNS, KEY_COLUMNS + ["group_key"]),
     "trials": (TRIAL_COLUMNS, KEY_COLUMNS + ["task", "tuner", "trial"]),
+    "tasks": (TASK_COLUMNS, ["workload_id"]),
 }
+#: the tables of measurements (every one but ``tasks``, which describes what the trial rows measured)
+MEASUREMENT_TABLES = [t for t in TABLES if t != "tasks"]
 
 # every table a dataset may hold, with its columns (``id``/``run_id`` included where present)
 ALL_TABLES = ["runs", *TABLES]

@@ -1,0 +1,412 @@
+"""The sampling job (``opbench sample``): tensor-program records at the machine's speed.
+
+1. Every model of the job (names × batch sizes × dtypes) is loaded and its MetaSchedule tasks are
+   extracted; tasks are de-duplicated across models by the structural hash of their module (and the
+   target): each remembers which models use it and how often (``tasks`` table).
+2. Each task gets ``per_task`` candidates, sampled without hardware (:mod:`opbench.tune.sampler`), built
+   and measured through the pipeline of :mod:`opbench.tune.farm`; every candidate becomes a row of
+   the ``trials`` table as soon as it is measured (or fails to build or run).
+3. A resumed run (the same job again) samples the same candidates and measures only those not
+   stored: no candidate is stored twice, and a killed run loses nothing it had stored.
+4. ``export_database`` writes the records as MetaSchedule's ``JSONDatabase`` as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..dataset import Dataset, now
+from ..dataset.store import model_key
+from ..errors import OpBenchError
+from ..models import DTYPES, check_dtype
+from ..utils import digest
+from .runs import recorded_run
+from .spec import Spec, SpecError
+
+log = logging.getLogger("opbench")
+
+MAX_PER_TASK = 100_000
+COMPILERS = ("nvrtc", "nvcc")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleJob(Spec):
+    """What ``opbench sample`` does (every field has the command line's default).
+
+    Attributes
+    ----------
+    models:
+        Model names of ``source``; ``("all",)`` takes every model the source lists.
+    source:
+        The model source (``local``, ``simple``, ``transformers``, ``remoteonnx``).
+    dtypes, batch_sizes:
+        Every combination with every model is loaded; tasks shared between them are sampled once.
+    target:
+        ``llvm``, ``cuda`` or a JSON target.
+    per_task:
+        Distinct candidates sampled, built and measured for each task.
+    seed:
+        The sampling seed (the same seed samples the same candidates).
+    devices:
+        One measuring process per device: GPU indices on ``cuda``; on a CPU, that many workers each on
+        its share of the cores. ``None``: one device.
+    builders:
+        Sampling and building processes (0: every core not measuring).
+    repeat, min_repeat_ms, flush_l2:
+        Timed samples per candidate, the least duration of one (``number`` is chosen from a first timing),
+        and whether caches are flushed before each sample (then one call per sample).
+    build_timeout_s, run_timeout_s:
+        Per candidate: a build or a measurement that takes longer is killed and recorded as a timeout.
+    audit:
+        Fraction of candidates measured a second time at the end (the summary reports the median and
+        p95 of the relative difference).
+    compiler:
+        CUDA's kernel compiler, ``nvrtc`` or ``nvcc`` (``None``: TVM's default).
+    tasks_limit:
+        Sample only the first N tasks (heaviest first, by uses × FLOPs).
+    time_limit_s:
+        Start no new candidate after this many seconds of the pipeline (what is built is still measured;
+        the same job again resumes).
+    dataset:
+        The SQLite dataset the rows go to.
+    export_database:
+        A folder to write the records to as MetaSchedule's ``JSONDatabase`` too.
+    """
+
+    models: tuple[str, ...] = ("resnet-18",)
+    source: str = "local"
+    dtypes: tuple[str, ...] = ("float32",)
+    batch_sizes: tuple[int, ...] = (1,)
+    target: str = "llvm"
+    per_task: int = 64
+    seed: int = 0
+    devices: tuple[int, ...] | None = None
+    builders: int = 0
+    repeat: int = 5
+    min_repeat_ms: float = 2.0
+    flush_l2: bool = False
+    build_timeout_s: float = 10.0
+    run_timeout_s: float = 10.0
+    audit: float = 0.0
+    compiler: str | None = None
+    tasks_limit: int | None = None
+    time_limit_s: float | None = None
+    dataset: str = "data/opbench.sqlite"
+    export_database: str | None = None
+
+    def validate(self) -> None:
+        """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
+        if not self.models or any(not m.strip() for m in self.models):
+            raise SpecError("models", "at least one model name is needed (or 'all')")
+        if not 1 <= self.per_task <= MAX_PER_TASK:
+            raise SpecError("per_task", f"must be between 1 and {MAX_PER_TASK}, got {self.per_task}")
+        for dtype in self.dtypes:
+            try:
+                check_dtype(dtype)
+            except OpBenchError:
+                raise SpecError("dtypes", f"unknown dtype {dtype!r} (accepted: {', '.join(DTYPES)})") from None
+        if not self.dtypes:
+            raise SpecError("dtypes", "at least one dtype is needed")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise SpecError("batch_sizes", f"positive sizes are needed, got {list(self.batch_sizes)}")
+        if self.seed < 0:
+            raise SpecError("seed", f"must be 0 or more, got {self.seed}")
+        if self.devices is not None and (not self.devices or any(d < 0 for d in self.devices)
+                                         or len(set(self.devices)) != len(self.devices)):
+            raise SpecError("devices", f"distinct indices of 0 or more are needed, got {list(self.devices)}")
+        if self.builders < 0:
+            raise SpecError("builders", f"must be 0 (every free core) or more, got {self.builders}")
+        if self.repeat < 1:
+            raise SpecError("repeat", f"must be 1 or more, got {self.repeat}")
+        for name in ("min_repeat_ms", "build_timeout_s", "run_timeout_s"):
+            value = getattr(self, name)
+            if not (value == value and 0 <= value < float("inf")) or (name != "min_repeat_ms" and value <= 0):
+                raise SpecError(name, f"must be a finite positive number, got {value}")
+        if not 0.0 <= self.audit <= 1.0:
+            raise SpecError("audit", f"must be a fraction between 0 and 1, got {self.audit}")
+        if self.compiler is not None and self.compiler not in COMPILERS:
+            raise SpecError("compiler", f"unknown CUDA compiler {self.compiler!r} (accepted: {', '.join(COMPILERS)})")
+        if self.time_limit_s is not None and not 0 < self.time_limit_s < float("inf"):
+            raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
+        if self.tasks_limit is not None and self.tasks_limit < 1:
+            raise SpecError("tasks_limit", f"must be 1 or more, got {self.tasks_limit}")
+
+
+@dataclasses.dataclass
+class SampledTask:
+    """A task of the job: its key, module and the models that use it."""
+
+    key: str
+    name: str
+    mod: Any
+    dtype: str
+    space: str
+    flops: float
+    uses: list[dict[str, Any]]
+
+    @property
+    def weight(self) -> int:
+        return sum(int(u["weight"]) for u in self.uses)
+
+
+@dataclasses.dataclass
+class SampleResult:
+    """What :func:`sample` did."""
+
+    job: SampleJob
+    run_id: int
+    tasks: list[SampledTask]
+    stats: Any  # opbench.tune.farm.FarmStats
+    stored: int  # trial rows of this job's tasks in the dataset after the run
+    exported: dict[str, Any] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary (``--json``)."""
+        stats = self.stats.to_json()
+        return {"run_id": self.run_id, "job": self.job.to_json(), "tasks": len(self.tasks),
+                "models": sorted({u["model"] for t in self.tasks for u in t.uses}), "stored": self.stored,
+                **stats, "exported": self.exported}
+
+
+def check_job(job: SampleJob) -> list[tuple[str, int, str]]:
+    """Validate ``job`` and every model it names (before any work); its (model, batch, dtype) points."""
+    from ..models import check_fits, get_source
+    from ..runtime.target import target_config
+
+    job.validate()
+    config = target_config(job.target)  # an unknown target is refused here
+    if job.devices is not None and config.get("kind") == "cuda":
+        from ..runtime.device import check_index
+
+        for index in job.devices:
+            check_index(index, "--devices")
+    source = get_source(job.source)
+    names = list(source.models()) if tuple(job.models) == ("all",) else list(job.models)
+    for name in names:
+        if hasattr(source, "canonical"):
+            source.canonical(name)  # an unknown model is refused here, not when its turn comes
+        for batch in job.batch_sizes:
+            check_fits(job.source, name, batch)
+    if job.export_database:
+        check_export_folder(job.export_database)
+    return [(n, b, check_dtype(d)) for n in names for b in job.batch_sizes for d in job.dtypes]
+
+
+def check_export_folder(folder: str | Path) -> None:
+    """Refuse, before any work, a folder that cannot take a MetaSchedule database: it must be new, empty, or
+    a MetaSchedule database already (records are then added), and writable."""
+    from ..tune.database import DATABASE_FILES, check_database
+
+    path = Path(folder)
+    if path.exists() and path.is_dir() and not any((path / n).exists() for n in DATABASE_FILES):
+        if any(path.iterdir()):
+            raise OpBenchError(f"--export-database {str(path)!r} is a folder with other files, not a MetaSchedule "
+                               "database (accepted: a new or empty folder, or a MetaSchedule JSON database)")
+        if not os.access(path, os.W_OK):
+            raise OpBenchError(f"--export-database {str(path)!r} is not writable")
+        return
+    check_database(path, write=True)
+
+
+def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any) -> list[SampledTask]:
+    """Every task of every point, de-duplicated by structural hash (module docstring, step 1)."""
+    import tvm_ffi
+
+    from ..models import load_workload
+    from ..runtime.target import canonical_target, tuning_target
+    from ..tune.space import space_kind
+    from ..utils import announced
+    from .tune import extracted_tasks
+
+    tasks: dict[str, SampledTask] = {}
+    ms_target = tuning_target(target)
+    for i, (name, batch, dtype) in enumerate(points, 1):
+        with announced(f"[{i}/{len(points)}] extracting the tasks of {name} (batch {batch}, {dtype})"):
+            workload = load_workload(job.source, name, batch, dtype=dtype)
+            extracted = extracted_tasks(workload, target)
+        for task in extracted:
+            mod = task.dispatched[0]
+            key = digest({"task": format(tvm_ffi.structural_hash(mod) & (2**64 - 1), "016x"),
+                          "target": canonical_target(ms_target)})
+            use = {"model": workload.name, "source": workload.source, "batch_size": workload.batch_size,
+                   "dtype": workload.dtype, "workload_id": workload.workload_id, "task": task.task_name,
+                   "weight": int(task.weight)}
+            if key not in tasks:
+                tasks[key] = SampledTask(key, task.task_name, mod, dtype, space_kind(target, dtype), _flops(mod), [])
+            tasks[key].uses.append(use)
+        log.info("%s (batch %d, %s): %d tasks, %d distinct so far", name, batch, dtype, len(extracted), len(tasks))
+    ordered = sorted(tasks.values(), key=lambda t: -t.weight * max(t.flops, 1.0))
+    return ordered[: job.tasks_limit] if job.tasks_limit else ordered
+
+
+def _flops(mod: Any) -> float:
+    try:
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        return float(estimate_tir_flops(mod))
+    except Exception:  # an operator the estimate does not cover
+        return 0.0
+
+
+def _args_info(mod: Any) -> list[Any]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from ..tune.knobs import to_python
+
+    return [to_python(a.as_json()) for a in ArgInfo.from_entry_func(mod, remove_preproc=True)]
+
+
+def sample(job: SampleJob, command: str = "") -> SampleResult:
+    """Run a sampling job (see the module docstring); every field of ``job`` is checked first."""
+    import tvm
+
+    from ..profile.env import device_id, environment_tags
+    from ..runtime.device import gpu_uuid
+    from ..runtime.target import canonical_target, is_gpu, resolve_target, tuning_target
+    from ..tune.farm import Farm, FarmConfig, FarmTask, Record, Timing
+    from ..tune.knobs import decode_knobs
+
+    points = check_job(job)
+    target = resolve_target(job.target)
+    ms_target = tuning_target(target)
+    target_json = canonical_target(ms_target)
+    config = f"sample:s{job.seed}"
+    devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
+    uuids = {d: (gpu_uuid(d) if is_gpu(target) else None) for d in devices}
+    tags = environment_tags(target)
+    dev_id = device_id(target)
+    with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
+        tasks = extract(job, points, target)
+        log.info("%d distinct tasks from %d models; %d candidates each", len(tasks), len(points), job.per_task)
+        farm_tasks = []
+        for task in tasks:
+            _store_task(dataset, task, ms_target, run.run_id)
+            key = model_key(task.key, dev_id, config, job.flush_l2)
+            done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
+            farm_tasks.append(FarmTask(task.key, task.name, tvm.ir.save_json(task.mod), target_json, task.space,
+                                       job.per_task, _args_info(task.mod), done))
+        by_key = {t.key: t for t in tasks}
+
+        def row_key(task: FarmTask) -> dict[str, Any]:
+            sampled = by_key[task.key]
+            return {**model_key(task.key, dev_id, config, job.flush_l2), "source": "task", "model": task.name,
+                    "batch_size": None, "workload": json.dumps({"task": task.name, "key": task.key}),
+                    "target": canonical_target(target), "device_name": tags["device_name"], "dtype": sampled.dtype,
+                    "task": task.name, "task_weight": sampled.weight, "tuner": "sample"}
+
+        def sink(record: Record) -> None:
+            candidate = record.candidate
+            try:
+                knobs = decode_knobs(json.loads(candidate.trace))
+            except Exception as err:  # knobs are extra columns: never lose the record for them
+                knobs = {"decode_error": f"{type(err).__name__}: {err}"}
+            secs = record.run_secs
+            dataset.put("trials", {
+                **row_key(record.task), **tags, "run_id": run.run_id, "trial": candidate.index,
+                "trace": candidate.trace, "knobs": knobs, "build_status": record.build_status, "error": record.error,
+                "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
+                "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
+                "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
+                "spread": record.spread, "build_s": record.build_s, "gpu_uuid": uuids.get(record.device),
+                "measured_at": now()})
+
+        def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:
+            with dataset.guard(), dataset.conn:
+                dataset.conn.execute("UPDATE trials SET audit_secs=? WHERE workload_id=? AND device_id=? AND "
+                                     "config=? AND l2_flush=? AND tuner='sample' AND trial=?",
+                                     (json.dumps(secs), task.key, dev_id, config, int(job.flush_l2), candidate.index))
+
+        def on_sampled(task: FarmTask, stats: dict[str, Any]) -> None:
+            _note_sampling(dataset, task.key, job, stats)
+
+        farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
+                               Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
+                               job.run_timeout_s, job.audit, job.compiler, time_limit_s=job.time_limit_s), sink,
+                    on_sampled, on_audit)
+        stats = farm.run(farm_tasks)
+        stored = sum(dataset.count("trials", {**model_key(t.key, dev_id, config, job.flush_l2), "tuner": "sample"})
+                     for t in tasks)
+        run.status = "ok"
+    exported = export_database(job.dataset, job.export_database, [t.key for t in tasks], ms_target) \
+        if job.export_database else None
+    return SampleResult(job, run.run_id, tasks, stats, stored, exported)
+
+
+def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int) -> None:
+    """The task's row: its module once, and the union of the models that use it."""
+    import tvm
+
+    from ..runtime.target import canonical_target
+
+    (old,) = dataset.rows("tasks", {"workload_id": task.key}) or [None]
+    uses = json.loads(old["uses"]) if old and old["uses"] else []
+    for use in task.uses:
+        if use not in uses:
+            uses.append(use)
+    dataset.put("tasks", {"workload_id": task.key, "run_id": run_id, "task": task.name,
+                          "target": canonical_target(ms_target), "dtype": task.dtype,
+                          "space": task.space, "mod": tvm.ir.save_json(task.mod), "args_info": _args_info(task.mod),
+                          "flops": task.flops, "uses": uses,
+                          "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
+                          "created_at": old["created_at"] if old else now()})
+
+
+def _note_sampling(dataset: Dataset, key: str, job: SampleJob, stats: dict[str, Any]) -> None:
+    """What sampling the task cost (attempts, rejections by reason), per seed, in its ``tasks`` row."""
+    (row,) = dataset.rows("tasks", {"workload_id": key})
+    sampling = json.loads(row["sampling"]) if row["sampling"] else {}
+    sampling[f"seed={job.seed}"] = {**stats, "per_task": job.per_task}
+    with dataset.guard(), dataset.conn:
+        dataset.conn.execute("UPDATE tasks SET sampling=? WHERE workload_id=?", (json.dumps(sampling), key))
+
+
+def export_database(dataset_path: str | Path, folder: str | Path, keys: list[str] | None = None,
+                    ms_target: Any = None) -> dict[str, Any]:
+    """Write the sampled records of the tasks ``keys`` (default: every sampled task) to ``folder`` as
+    MetaSchedule's ``JSONDatabase``; records already there are not added again. Returns the counts."""
+    import tvm
+    from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+
+    from ..runtime.startup import import_tensor_intrinsics
+
+    check_export_folder(folder)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    import_tensor_intrinsics()
+    database = JSONDatabase(work_dir=str(folder), allow_missing=True)
+    have = {_record_key(r) for r in database.get_all_tuning_records()}
+    added = skipped = 0
+    with Dataset(dataset_path, readonly=True) as dataset:
+        for task in dataset.rows("tasks"):
+            if keys is not None and task["workload_id"] not in keys:
+                continue
+            workload = database.commit_workload(tvm.ir.load_json(task["mod"]))
+            target = json.loads(task["target"])
+            args_info = json.loads(task["args_info"])
+            for row in dataset.rows("trials", {"workload_id": task["workload_id"], "tuner": "sample",
+                                               "build_status": "ok"}):
+                record = TuningRecord.from_json([json.loads(row["trace"]), json.loads(row["run_secs"]), target,
+                                                 args_info], workload)
+                if _record_key(record) in have:
+                    skipped += 1
+                    continue
+                database.commit_tuning_record(record)
+                have.add(_record_key(record))
+                added += 1
+    return {"folder": str(folder), "records": added, "already_there": skipped}
+
+
+def _record_key(record: Any) -> tuple[int, str]:
+    import tvm_ffi
+
+    from ..tune.knobs import dumps
+
+    return tvm_ffi.structural_hash(record.workload.mod), dumps(record.trace)
+
+
+__all__ = ["SampleJob", "SampleResult", "SampledTask", "check_job", "export_database", "sample"]

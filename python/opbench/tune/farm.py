@@ -1,0 +1,626 @@
+"""The sampling pipeline: samplers and builders on every core, one measuring process per device.
+
+``opbench sample`` spends its time in three places: drawing candidates (:mod:`.sampler`, CPU),
+compiling them (CPU; on CUDA the kernel compiler), and timing them (the device). A tuning loop does
+them one after another; here they overlap:
+
+* **Workers** are long-lived child processes (``spawn``), each importing TVM once. A *builder*
+  worker either samples a task (streaming each kept candidate back as soon as it is found) or
+  compiles one candidate into a shared library (linked here, so that loading it is a ``dlopen``).
+  A *measurer* worker per device (``--devices``: one per GPU, or one per group of cores on a CPU)
+  loads a library, chooses ``number``/``repeat`` from a first quick timing, and times it.
+* **The parent** keeps every worker busy: it starts a task's sampling when too few candidates wait
+  to be built, keeps a bounded queue of built libraries ahead of the measurers, and hands each
+  finished candidate to a sink (the dataset writer) at once: a crash loses nothing measured.
+* **Limits.** Each build and each measurement has its own timeout: a worker past it is killed and
+  restarted, and the candidate recorded as ``build_timeout`` or ``run_timeout``. A worker that dies
+  records ``build_error``/``run_error`` with the reason. A child never outlives the parent (it is
+  killed with it, and exits when its pipe closes).
+
+Every figure the summary shows (records per second, where the time went, how busy each worker
+was) is counted here: :class:`FarmStats`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import wait
+from typing import Any
+
+from .. import signals
+from .sampler import Candidate, SampleStats
+
+log = logging.getLogger("opbench")
+
+
+# ---------------------------------------------------------------------------------------------------
+# what the parent hands in and gets back
+@dataclasses.dataclass
+class FarmTask:
+    """One task to sample: its module, the target, what is already stored."""
+
+    key: str  # the task's dataset key (workload_id of its rows)
+    name: str
+    mod: str  # tvm.ir.save_json of the task's IRModule
+    target: str  # the tuning target as JSON
+    space: str  # design space kind
+    count: int  # candidates wanted
+    args_info: list[Any]  # MetaSchedule ArgInfo JSON of the PrimFunc's arguments
+    done: set[int] = dataclasses.field(default_factory=set)  # candidate indices already stored
+
+
+@dataclasses.dataclass
+class Timing:
+    """How candidates are timed (:func:`measure_artifact`)."""
+
+    repeat: int = 5  # timed samples per candidate (fast kernels get twice as many)
+    min_repeat_ms: float = 2.0  # each sample lasts at least this long (``number`` chosen from a first timing)
+    max_number: int = 10_000
+    flush_l2: bool = False  # flush caches before every sample (then one call per sample)
+    fast_s: float = 20e-6  # a kernel faster than this gets ``2 * repeat`` samples
+
+
+@dataclasses.dataclass
+class FarmConfig:
+    """How the pipeline runs."""
+
+    target_kind: str  # "cuda" or "llvm"
+    seed: int = 0
+    builders: int = 0  # 0: every core not measuring
+    devices: list[int | None] = dataclasses.field(default_factory=lambda: [None])
+    timing: Timing = dataclasses.field(default_factory=Timing)
+    build_timeout_s: float = 10.0
+    run_timeout_s: float = 10.0
+    audit: float = 0.0  # fraction of candidates measured a second time at the end
+    compiler: str | None = None  # CUDA: "nvrtc" or "nvcc" (TVM_CUDA_COMPILE_MODE)
+    ahead: int = 0  # built or building candidates not yet measured, at most (0: 2 per builder, 8 per device)
+    progress_s: float = 5.0
+    time_limit_s: float | None = None  # then no new candidate starts; those built are measured (a re-run resumes)
+
+
+@dataclasses.dataclass
+class Record:
+    """One candidate's outcome, handed to the sink."""
+
+    task: FarmTask
+    candidate: Candidate
+    build_status: str  # ok, build_error, build_timeout, run_error, run_timeout
+    error: str | None = None
+    run_secs: list[float] | None = None
+    number: int | None = None
+    repeats: int | None = None
+    spread: float | None = None
+    build_s: float | None = None
+    device: int | None = None
+
+
+@dataclasses.dataclass
+class FarmStats:
+    """Where the time went and how busy each worker was."""
+
+    wall_s: float = 0.0
+    records: int = 0
+    ok: int = 0
+    build_failures: int = 0
+    build_timeouts: int = 0
+    run_failures: int = 0
+    skipped: int = 0  # candidates already stored (a resumed run)
+    sampled: int = 0
+    rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    sample_s: float = 0.0
+    build_s: float = 0.0
+    measure_s: float = 0.0
+    queue_wait_s: float = 0.0  # built candidates waiting for a measurer, summed
+    write_s: float = 0.0
+    builder_busy_s: float = 0.0
+    builders: int = 0
+    device_busy_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    audit: list[float] = dataclasses.field(default_factory=list)  # relative differences of the audit pass
+    tasks_exhausted: int = 0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.wall_s if self.wall_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        wall = self.wall_s or 1e-9
+        audit = sorted(self.audit)
+        return {
+            "wall_s": self.wall_s, "records": self.records, "ok": self.ok, "records_per_s": self.records_per_s,
+            "build_failures": self.build_failures, "build_timeouts": self.build_timeouts,
+            "build_timeout_share": self.build_timeouts / max(self.records, 1),
+            "run_failures": self.run_failures, "skipped": self.skipped, "sampled": self.sampled,
+            "rejected": dict(self.rejected), "rejected_total": sum(self.rejected.values()),
+            "tasks_exhausted": self.tasks_exhausted,
+            "seconds": {"sample": self.sample_s, "build": self.build_s, "queue_wait": self.queue_wait_s,
+                        "measure": self.measure_s, "write": self.write_s},
+            "builders": self.builders, "builder_busy": self.builder_busy_s / (wall * max(self.builders, 1)),
+            "device_busy": {k: v / wall for k, v in self.device_busy_s.items()},
+            "audit": {"n": len(audit), "median": statistics.median(audit) if audit else None,
+                      "p95": audit[min(len(audit) - 1, math.ceil(0.95 * len(audit)) - 1)] if audit else None},
+        }
+
+
+# ---------------------------------------------------------------------------------------------------
+# the child side
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (no orphan keeps building or measuring)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _serve(conn: Any, role: str) -> None:
+    """A worker's loop: receive ``(job_id, kind, kwargs)``, send ``(job_id, kind, payload)`` messages."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
+    _die_with_parent()
+    logging.basicConfig(level=logging.WARNING, format="opbench worker: %(message)s")
+    jobs: dict[str, Callable[..., Any]] = {"sample": _job_sample, "build": _job_build, "measure": _job_measure}
+    while True:
+        try:
+            job_id, kind, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        try:
+            for message in jobs[kind](**kwargs):
+                conn.send((job_id, *message))
+        except Exception as err:  # a job's failure is the candidate's, never the worker's
+            from .measure import error_text
+
+            conn.send((job_id, "error", error_text(f"{type(err).__name__}: {err}")))
+
+
+def _job_sample(mod: str, target: str, count: int, seed: int, space: str) -> Iterator[tuple[str, Any]]:
+    import tvm
+
+    from .sampler import sample_task
+
+    stats = SampleStats()
+    module = tvm.ir.load_json(mod)
+    for candidate in sample_task(module, tvm.target.Target(json.loads(target)), count, seed, space, stats=stats):
+        yield "candidate", candidate
+    yield "done", stats.to_json()
+
+
+def _job_build(mod: str, target: str, path: str) -> Iterator[tuple[str, Any]]:
+    import tvm
+
+    from .measure import build_candidate, error_text
+
+    start = time.perf_counter()
+    try:
+        lib = build_candidate(tvm.ir.load_json(mod), tvm.target.Target(json.loads(target)))
+        lib.export_library(path)  # linked here: the measurer only loads it
+    except Exception as err:
+        yield "done", {"path": None, "error": error_text(f"{type(err).__name__}: {err}"),
+                       "seconds": time.perf_counter() - start}
+        return
+    yield "done", {"path": path, "error": None, "seconds": time.perf_counter() - start}
+
+
+_ARGS: dict[str, Any] = {}  # a measurer's argument buffers by signature (candidates of a task share them)
+_FLUSH: list[Any] = []
+
+
+def _job_measure(path: str, args_info: list[Any], timing: dict[str, Any], kind: str) -> Iterator[tuple[str, Any]]:
+    start = time.perf_counter()
+    result = measure_artifact(path, args_info, Timing(**timing), kind)
+    result["seconds"] = time.perf_counter() - start
+    yield "done", result
+
+
+def _device(kind: str) -> Any:
+    import tvm
+
+    return tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+
+
+def _arguments(args_info: list[Any], dev: Any) -> list[Any]:
+    """Random arguments for a PrimFunc (MetaSchedule's ArgInfo JSON), reused for equal signatures."""
+    key = json.dumps(args_info)
+    if key not in _ARGS:
+        from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+        if len(_ARGS) > 64:
+            _ARGS.clear()
+        _ARGS[key] = default_alloc_argument(dev, args_info, 1)[0]
+    return _ARGS[key]
+
+
+def _flush_function(dev: Any) -> str:
+    """The name of a global function that evicts the device's caches before a timed sample."""
+    if dev.dlpack_device_type() % 128 == 1:
+        return "cache_flush_cpu_non_first_arg"
+    if not _FLUSH:
+        import tvm
+        import tvm_ffi
+
+        size = max(int(getattr(dev, "l2_cache_size_bytes", 0) or 0), 64 << 20) * 2
+        buffer = tvm.runtime.empty((size // 4,), "float32", dev)
+        zeros = tvm.runtime.empty((size // 4,), "float32", dev)
+
+        def flush(*_args: Any) -> None:
+            zeros.copyto(buffer)  # a device-to-device copy of twice the L2 size
+
+        tvm_ffi.register_global_func("opbench.sample.flush_l2", flush, override=True)
+        _FLUSH.extend([buffer, zeros, flush])
+    return "opbench.sample.flush_l2"
+
+
+def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str) -> dict[str, Any]:
+    """Load the library at ``path`` and time its function (in a measurer worker).
+
+    ``number`` is chosen from a first timing of one call, so that a sample lasts at least
+    ``timing.min_repeat_ms``; a kernel faster than ``timing.fast_s`` gets twice the samples. With
+    ``flush_l2`` every sample is one call after a cache flush. Returns ``run_secs`` (one per sample),
+    ``number``, ``repeats``, ``spread`` ((max - min) / median of the samples), or ``error``.
+    """
+    import tvm
+
+    dev = _device(kind)
+    try:
+        mod = tvm.runtime.load_module(path)
+        args = _arguments(args_info, dev)
+        name = mod.entry_name
+        probe = mod.time_evaluator(name, dev, number=1, repeat=1)
+        first = float(probe(*args).results[0])
+    except Exception as err:
+        from .measure import error_text
+
+        return {"error": error_text(f"{type(err).__name__}: {err}")}
+    preproc = _flush_function(dev) if timing.flush_l2 else ""
+    number = 1 if timing.flush_l2 else max(1, min(timing.max_number,
+                                                  math.ceil(timing.min_repeat_ms * 1e-3 / max(first, 1e-9))))
+    repeat = timing.repeat * (2 if first < timing.fast_s else 1)
+    try:
+        evaluator = mod.time_evaluator(name, dev, number=number, repeat=repeat, f_preproc=preproc)
+        secs = [float(s) for s in evaluator(*args).results]
+    except Exception as err:
+        from .measure import error_text
+
+        return {"error": error_text(f"{type(err).__name__}: {err}")}
+    median = statistics.median(secs)
+    return {"run_secs": secs, "number": number, "repeats": repeat,
+            "spread": (max(secs) - min(secs)) / median if median > 0 else None}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parent side
+class Worker:
+    """One child process serving jobs (see the module docstring); restarted after a kill."""
+
+    def __init__(self, name: str, role: str, env: dict[str, str], device: int | None = None) -> None:
+        self.name, self.role, self.env, self.device = name, role, env, device
+        self.proc: Any = None
+        self.conn: Any = None
+        self.job: dict[str, Any] | None = None  # the job in flight
+        self.busy_s = 0.0
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)  # a spawned child starts from this process's environment
+        try:
+            self.proc = context.Process(target=_serve, args=(child, self.role), name=self.name, daemon=True)
+            self.proc.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        child.close()
+        self.conn = parent
+
+    def submit(self, job_id: int, job_kind: str, timeout: float | None, /, **kwargs: Any) -> None:
+        """Send a job; ``_context`` (not sent) is kept with it for the parent."""
+        if self.proc is None:
+            self.start()
+        now = time.perf_counter()
+        context = kwargs.pop("_context", {})
+        self.job = {**context, "id": job_id, "kind": job_kind, "started": now,
+                    "deadline": now + timeout if timeout else None}
+        self.conn.send((job_id, job_kind, kwargs))
+
+    def finish(self) -> dict[str, Any]:
+        job, self.job = self.job, None
+        assert job is not None
+        self.busy_s += time.perf_counter() - job["started"]
+        return job
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.join(5)
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.proc = self.conn = None
+
+    @property
+    def idle(self) -> bool:
+        return self.job is None
+
+
+def _builder_env(compiler: str | None) -> dict[str, str]:
+    env = {**os.environ, "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if compiler:
+        env["TVM_CUDA_COMPILE_MODE"] = compiler
+    return env
+
+
+def _measurer_env(kind: str, device: int | None, cores: list[int] | None) -> dict[str, str]:
+    from ..runtime.device import child_env, cpu_child_env
+
+    if kind == "cuda":
+        return child_env(device) if device is not None else dict(os.environ)
+    return cpu_child_env(cores) if cores is not None else dict(os.environ)
+
+
+class Farm:
+    """Runs :class:`FarmTask` s through samplers, builders and measurers (see the module docstring).
+
+    ``sink(record)`` is called in this process for every candidate, in the order they finish;
+    ``on_sampled(task, stats)`` once a task's sampling is done; ``on_audit(task, candidate, secs)``
+    for each candidate of the audit pass.
+    """
+
+    def __init__(self, config: FarmConfig, sink: Callable[[Record], None],
+                 on_sampled: Callable[[FarmTask, dict[str, Any]], None] | None = None,
+                 on_audit: Callable[[FarmTask, Candidate, list[float]], None] | None = None) -> None:
+        self.config = config
+        self.sink, self.on_sampled, self.on_audit = sink, on_sampled, on_audit
+        self.stats = FarmStats()
+        self._next_id = 0
+
+    def _id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _workers(self) -> tuple[list[Worker], list[Worker]]:
+        from ..runtime.device import cpu_groups
+
+        config = self.config
+        devices = config.devices or [None]
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        cpu = config.target_kind != "cuda"
+        groups = cpu_groups(len(devices)) if cpu and len(devices) > 1 else [None] * len(devices)
+        measurers = [Worker(f"{'cpu' if cpu else 'gpu'}{'' if d is None else d}", "measure",
+                            _measurer_env(config.target_kind, d, g), d) for d, g in zip(devices, groups, strict=True)]
+        builders = config.builders or max(1, len(cores) - (len(devices) if not cpu else 0))
+        return [Worker(f"build{i}", "build", _builder_env(config.compiler)) for i in range(builders)], measurers
+
+    def run(self, tasks: list[FarmTask]) -> FarmStats:
+        """Sample, build and measure every task; returns the statistics (also on an interrupt, as
+        ``self.stats``, with every finished record already handed to the sink)."""
+        builders, measurers = self._workers()
+        self.stats.builders = len(builders)
+        workdir = tempfile.mkdtemp(prefix="opbench-sample-")
+        start = time.perf_counter()
+        try:
+            self._loop(tasks, builders, measurers, workdir, start)
+        finally:
+            for worker in builders + measurers:
+                worker.kill()
+            shutil.rmtree(workdir, ignore_errors=True)
+            self.stats.wall_s = time.perf_counter() - start
+            self.stats.builder_busy_s = sum(w.busy_s for w in builders)
+            self.stats.device_busy_s = {w.name: w.busy_s for w in measurers}
+        return self.stats
+
+    def _loop(self, tasks: list[FarmTask], builders: list[Worker], measurers: list[Worker], workdir: str,
+              start: float) -> None:
+        config, stats = self.config, self.stats
+        pending = collections.deque(t for t in tasks if len(t.done) < t.count)
+        stats.skipped += sum(min(len(t.done), t.count) for t in tasks if len(t.done) >= t.count)
+        to_build: collections.deque = collections.deque()  # (task, candidate)
+        built: collections.deque = collections.deque()  # dicts: task, candidate, path, build_s, built_at[, first]
+        audit: list[dict[str, Any]] = []  # built entries of the audit pass, with the first median
+        audit_rng = random.Random(config.seed)
+        ahead = config.ahead or max(2 * len(builders), 8 * len(measurers))
+        sampling = 0
+        max_samplers = max(1, len(builders) // 2)
+        last_report = time.perf_counter()
+        audit_phase = False
+        while True:
+            signals.check()
+            if config.time_limit_s is not None and not audit_phase and (pending or to_build or sampling) and \
+                    time.perf_counter() - start > config.time_limit_s:
+                log.info("sample: time limit of %.0f s reached; measuring what is built (a re-run resumes)",
+                         config.time_limit_s)
+                pending.clear()
+                to_build.clear()
+                for worker in builders:
+                    if worker.job and worker.job["kind"] == "sample":
+                        worker.finish()
+                        worker.kill()
+            # 1. samplers: when the queue of candidates to build runs short
+            for worker in builders:
+                if not worker.idle or not pending or sampling >= max_samplers:
+                    continue
+                if len(to_build) >= 2 * len(builders) and sampling:
+                    break
+                task = pending.popleft()
+                worker.submit(self._id(), "sample", None, mod=task.mod, target=task.target, count=task.count,
+                              seed=config.seed, space=task.space, _context={"task": task})
+                sampling += 1
+            # 2. builders: keep at most ``ahead`` built candidates waiting
+            building = sum(1 for w in builders if w.job and w.job["kind"] == "build")
+            for worker in builders:
+                if not worker.idle or not to_build or len(built) + building >= ahead:
+                    continue
+                task, candidate = to_build.popleft()
+                path = os.path.join(workdir, f"{task.key[:12]}-{candidate.index}.so")
+                worker.submit(self._id(), "build", config.build_timeout_s, mod=candidate.mod, target=task.target,
+                              path=path, _context={"task": task, "candidate": candidate})
+                building += 1
+            # 3. measurers
+            for worker in measurers:
+                if not worker.idle or not built:
+                    continue
+                item = built.popleft()
+                stats.queue_wait_s += time.perf_counter() - item["built_at"]
+                worker.submit(self._id(), "measure", config.run_timeout_s, path=item["path"],
+                              args_info=item["task"].args_info, timing=dataclasses.asdict(config.timing),
+                              kind=config.target_kind, _context=item)
+            busy = [w for w in builders + measurers if not w.idle]
+            if not busy:
+                if pending or to_build or built:
+                    continue
+                if audit and not audit_phase:  # the second pass, once every candidate was measured
+                    audit_phase = True
+                    built.extend({**item, "built_at": time.perf_counter()} for item in audit)
+                    audit.clear()
+                    continue
+                return
+            self._receive(busy, to_build, built, audit, audit_rng, pending)
+            sampling = sum(1 for w in builders if w.job and w.job["kind"] == "sample")
+            self._timeouts(busy)
+            if time.perf_counter() - last_report >= config.progress_s:
+                last_report = time.perf_counter()
+                self._progress(start, builders, measurers, len(pending), len(to_build), len(built))
+
+    def _receive(self, busy: list[Worker], to_build: collections.deque, built: collections.deque,
+                 audit: list[Any], audit_rng: random.Random, pending: collections.deque) -> None:
+        ready = wait([w.conn for w in busy], timeout=0.2)
+        for worker in busy:
+            if worker.conn not in ready:
+                continue
+            try:
+                _job_id, kind, payload = worker.conn.recv()
+            except (EOFError, OSError):  # the worker died (killed by the system, a crash in native code)
+                self._failed(worker, "worker process died")
+                continue
+            job = worker.job
+            assert job is not None
+            if job["kind"] == "sample":
+                self._sample_message(worker, kind, payload, to_build)
+            elif job["kind"] == "build":
+                worker.finish()
+                if kind == "error":
+                    payload = {"path": None, "error": payload, "seconds": time.perf_counter() - job["started"]}
+                self.stats.build_s += payload["seconds"]
+                if payload["path"] is None:
+                    self._record(Record(job["task"], job["candidate"], "build_error", payload["error"],
+                                        build_s=payload["seconds"]))
+                else:
+                    built.append({"task": job["task"], "candidate": job["candidate"], "path": payload["path"],
+                                  "build_s": payload["seconds"], "built_at": time.perf_counter()})
+            else:
+                self._measured(worker, kind, payload, audit, audit_rng)
+
+    def _sample_message(self, worker: Worker, kind: str, payload: Any, to_build: collections.deque) -> None:
+        task = worker.job["task"]  # type: ignore[index]
+        if kind == "candidate":
+            self.stats.sampled += 1
+            if payload.index in task.done:
+                self.stats.skipped += 1
+            else:
+                to_build.append((task, payload))
+            return
+        worker.finish()
+        if kind == "error":
+            log.warning("%s: sampling failed: %s", task.name, str(payload).splitlines()[0])
+            payload = {"rejected": {}, "seconds": 0.0, "exhausted": True, "error": payload}
+        self.stats.sample_s += payload.get("seconds", 0.0)
+        self.stats.rejected.update(payload.get("rejected", {}))
+        self.stats.tasks_exhausted += bool(payload.get("exhausted"))
+        if self.on_sampled is not None:
+            self.on_sampled(task, payload)
+
+    def _measured(self, worker: Worker, kind: str, payload: Any, audit: list[Any], audit_rng: random.Random) -> None:
+        job = worker.finish()
+        task, candidate, path = job["task"], job["candidate"], job["path"]
+        if kind == "error":
+            payload = {"error": payload, "seconds": time.perf_counter() - job["started"]}
+        self.stats.measure_s += payload.get("seconds", 0.0)
+        device = worker.device
+        if "first" in job:  # the audit pass
+            if payload.get("run_secs"):
+                first = job["first"]
+                if self.on_audit is not None:
+                    self.on_audit(task, candidate, payload["run_secs"])
+                if first:
+                    self.stats.audit.append(abs(statistics.median(payload["run_secs"]) - first) / first)
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return
+        if payload.get("error"):
+            record = Record(task, candidate, "run_error", payload["error"], build_s=job["build_s"], device=device)
+        else:
+            record = Record(task, candidate, "ok", None, payload["run_secs"], payload["number"], payload["repeats"],
+                            payload["spread"], job["build_s"], device)
+        self._record(record)
+        if record.build_status == "ok" and self.config.audit > 0 and audit_rng.random() < self.config.audit:
+            audit.append({"task": task, "candidate": candidate, "path": path, "build_s": job["build_s"],
+                          "first": statistics.median(record.run_secs or [0.0])})
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+    def _record(self, record: Record) -> None:
+        stats = self.stats
+        stats.records += 1
+        stats.ok += record.build_status == "ok"
+        stats.build_failures += record.build_status.startswith("build")
+        stats.build_timeouts += record.build_status == "build_timeout"
+        stats.run_failures += record.build_status.startswith("run")
+        start = time.perf_counter()
+        self.sink(record)
+        stats.write_s += time.perf_counter() - start
+
+    def _failed(self, worker: Worker, why: str, timeout: bool = False) -> None:
+        """A worker killed or dead in the middle of a job: the job's candidate is recorded as failed."""
+        job = worker.finish()
+        worker.kill()
+        kind = job["kind"]
+        if kind == "sample":
+            log.warning("%s: sampling stopped: %s", job["task"].name, why)
+            self.stats.tasks_exhausted += 1
+            return
+        status = ("build" if kind == "build" else "run") + ("_timeout" if timeout else "_error")
+        if kind == "measure" and "first" in job:
+            return
+        if kind == "build":
+            self.stats.build_s += time.perf_counter() - job["started"]
+        else:
+            self.stats.measure_s += time.perf_counter() - job["started"]
+        self._record(Record(job["task"], job["candidate"], status, why, device=worker.device,
+                            build_s=job.get("build_s") if kind == "measure" else time.perf_counter() - job["started"]))
+
+    def _timeouts(self, busy: list[Worker]) -> None:
+        now = time.perf_counter()
+        for worker in busy:
+            job = worker.job
+            if job is not None and job["deadline"] is not None and now > job["deadline"]:
+                limit = job["deadline"] - job["started"]
+                what = "build" if job["kind"] == "build" else "run"
+                self._failed(worker, f"{what} timeout: killed after {limit:g} s", timeout=True)
+
+    def _progress(self, start: float, builders: list[Worker], measurers: list[Worker], pending: int,
+                  to_build: int, built: int) -> None:
+        stats = self.stats
+        wall = time.perf_counter() - start
+        running = sum(w.busy_s + (time.perf_counter() - w.job["started"] if w.job else 0.0) for w in builders)
+        devices = ", ".join(f"{w.name} {100 * (w.busy_s / wall):.0f}%" for w in measurers)
+        log.info("sample: %d records (%.1f/s), %d build failures, %d rejected; builders %.0f%% busy, %s; "
+                 "%d tasks to sample, %d to build, %d waiting to be measured", stats.records,
+                 stats.records / wall if wall else 0.0, stats.build_failures, sum(stats.rejected.values()),
+                 100 * running / (wall * max(len(builders), 1)), devices, pending, to_build, built)
+
+
+__all__ = ["Farm", "FarmConfig", "FarmStats", "FarmTask", "Record", "Timing", "measure_artifact"]

@@ -1,0 +1,128 @@
+"""Sampling benchmark: stored tensor-program records per second with ``opbench sample``.
+
+Each phase runs the ``opbench sample`` command a user runs (``--json`` for its summary) and reads the rows
+it stored, then writes one JSON summary to ``--out``:
+
+* ``compilers``: the same tasks sampled with ``--cuda-compiler nvcc`` and with ``nvrtc``, side by side:
+  build seconds per candidate, records per second, the share of builds that hit the timeout;
+* ``main``: the tasks of ``--models`` (``source:name`` items) at ``--dtypes``: records per second over the
+  whole run and in steady state (from the 10th percentile of the rows' ``measured_at`` to the last), where
+  the time went, how busy builders and each device were, the share of records whose repeat spread is at
+  most 3 %, and the audit's median and p95 relative difference.
+
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase compilers --out DIR
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase main --models local:resnet-50,transformers:bert \
+        --dtypes float32,float16 --time-limit 240 --out DIR
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase main --target llvm --models simple:matmul:n=128 \
+        --dtypes float32 --per-task 8 --out DIR   # a CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sqlite3
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import run_opbench  # noqa: E402
+
+
+def _rows(dataset: Path, since_run: int | None = None) -> list[dict]:
+    with sqlite3.connect(dataset) as conn:
+        conn.row_factory = sqlite3.Row
+        where = "tuner='sample'" + (f" AND run_id={int(since_run)}" if since_run is not None else "")
+        return [dict(r) for r in conn.execute(f"SELECT build_status, spread, measured_at, build_s, audit_secs, "
+                                               f"latency_median_s, dtype FROM trials WHERE {where} ORDER BY id")]
+
+
+def _steady(rows: list[dict]) -> float | None:
+    """Records per second from the 10th percentile of the rows' times to the last."""
+    times = sorted(datetime.datetime.fromisoformat(r["measured_at"]).timestamp() for r in rows if r["measured_at"])
+    if len(times) < 20:
+        return None
+    k = len(times) // 10
+    span = times[-1] - times[k]
+    return (len(times) - 1 - k) / span if span > 0 else None
+
+
+def _quality(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["build_status"] == "ok"]
+    spreads = [r["spread"] for r in ok if r["spread"] is not None]
+    return {"rows": len(rows), "ok": len(ok),
+            "spread_le_3pct": sum(s <= 0.03 for s in spreads) / len(spreads) if spreads else None,
+            "spread_median": statistics.median(spreads) if spreads else None,
+            "by_status": {s: sum(r["build_status"] == s for r in rows) for s in sorted({r["build_status"]
+                                                                                        for r in rows})},
+            "steady_records_per_s": _steady(rows)}
+
+
+def _sample(args: argparse.Namespace, work: Path, name: str, extra: list[str], log: Path) -> dict:
+    dataset = work / f"{name}.sqlite"
+    summary_file = work / f"{name}.json"
+    cmd = ["sample", "--target", args.target, "--per-task", str(args.per_task), "--dataset", str(dataset),
+           "--json", str(summary_file), *extra]
+    if args.time_limit:
+        cmd += ["--time-limit", str(args.time_limit)]
+    code, wall, text = run_opbench(cmd, dict(os.environ), log, limit=args.limit)
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    rows = _rows(dataset, summary.get("run_id")) if dataset.exists() else []
+    tail = [line for line in text.splitlines() if line.startswith(("sample:", "rejected", "time:", "audit:"))]
+    return {"command": "opbench " + " ".join(cmd), "exit": code, "wall_s": wall, "summary": summary,
+            "quality": _quality(rows), "tail": tail}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--work", default="/tmp/opbench-bench-sample")
+    parser.add_argument("--phase", choices=["compilers", "main"], default="main")
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--models", default="local:resnet-50,transformers:bert")
+    parser.add_argument("--dtypes", default="float32,float16")
+    parser.add_argument("--per-task", type=int, default=32)
+    parser.add_argument("--tasks", type=int, default=None, help="heaviest tasks per model")
+    parser.add_argument("--time-limit", type=float, default=None)
+    parser.add_argument("--audit", type=float, default=0.1)
+    parser.add_argument("--compiler", default=None)
+    parser.add_argument("--devices", default=None)
+    parser.add_argument("--limit", type=float, default=540.0, help="seconds one command may take")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    log = out / f"bench_sample_{args.phase}{args.tag}.log"
+    result: dict = {"phase": args.phase, "target": args.target}
+    if args.phase == "compilers":
+        for compiler in ("nvcc", "nvrtc"):
+            run = _sample(args, work, f"compiler-{compiler}", ["--modelname", "resnet-50", "--tasks",
+                                                               str(args.tasks or 3), "--cuda-compiler", compiler], log)
+            s = run["summary"]
+            run["build_s_per_candidate"] = s["seconds"]["build"] / max(s["records"], 1) if s else None
+            result[compiler] = run
+    else:
+        for item in args.models.split(","):
+            source, _, model = item.partition(":")
+            extra = ["--modelsource", source, "--modelname", model, "--dtype", args.dtypes, "--audit", str(args.audit)]
+            if args.tasks:
+                extra += ["--tasks", str(args.tasks)]
+            if args.compiler:
+                extra += ["--cuda-compiler", args.compiler]
+            if args.devices:
+                extra += ["--devices", args.devices]
+            safe = model.replace(":", "_").replace("=", "").replace(",", "_")
+            result[f"{source}:{model}"] = _sample(args, work, f"main-{source}-{safe}", extra, log)
+    path = out / f"bench_sample_{args.phase}{args.tag}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: (v.get("summary", {}).get("records_per_s"), v.get("quality")) if isinstance(v, dict) else v
+                      for k, v in result.items()}, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

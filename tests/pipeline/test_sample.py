@@ -1,0 +1,165 @@
+"""``opbench sample`` end to end on the CPU: rows per task, two workers, the MetaSchedule export, the audit,
+resuming after SIGKILL without a lost or duplicated row, the spec, and bad input refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm")
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "matmul:n=32"
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    return subprocess.run([sys.executable, "-m", "opbench", "sample", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _trials(path: Path) -> list[dict]:
+    with sqlite3.connect(path) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM trials ORDER BY id")]
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory):
+    """One run: simple matmul on llvm, 3 candidates each, two CPU measuring workers, an audit of
+    every candidate, exported as a MetaSchedule database."""
+    from opbench.pipeline.sample import SampleJob, sample
+
+    work = tmp_path_factory.mktemp("sample")
+    job = SampleJob(models=(MODEL,), source="simple", per_task=3, builders=1, devices=(0, 1), audit=1.0,
+                    dataset=str(work / "ds.sqlite"), export_database=str(work / "db"))
+    return job, sample(job, command="test")
+
+
+def test_rows_per_task_with_status_knobs_and_timings(sampled):
+    job, result = sampled
+    rows = _trials(Path(job.dataset))
+    assert result.stored == len(rows) == 3 * len(result.tasks) and result.stats.records == len(rows)
+    for task in result.tasks:
+        mine = [r for r in rows if r["workload_id"] == task.key]
+        assert sorted(r["trial"] for r in mine) == [0, 1, 2]  # indices are the sampler's, one row each
+        assert {r["source"] for r in mine} == {"task"} and {r["config"] for r in mine} == {"sample:s0"}
+    ok = [r for r in rows if r["build_status"] == "ok"]
+    assert ok and all(len(json.loads(r["run_secs"])) == r["repeats"] >= 5 for r in ok)
+    assert all(r["spread"] >= 0 and r["number"] >= 1 and json.loads(r["knobs"]) for r in ok)
+    assert all(len(json.loads(r["audit_secs"])) >= 5 for r in ok)  # --audit 1: each measured twice
+    assert result.stats.to_json()["audit"]["n"] == len(ok)
+    with sqlite3.connect(job.dataset) as conn:
+        uses = [json.loads(u) for (u,) in conn.execute("SELECT uses FROM tasks")]
+    assert len(uses) == len(result.tasks) and all(u[0]["model"] == "matmul" for u in uses)
+
+
+def test_two_cpu_workers_split_the_measurements(sampled):
+    _job, result = sampled
+    busy = result.stats.device_busy_s
+    assert set(busy) == {"cpu0", "cpu1"} and all(v > 0 for v in busy.values())
+
+
+def test_the_export_loads_in_metaschedule_and_equals_the_rows(sampled):
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    from opbench.runtime.startup import import_tensor_intrinsics
+    from opbench.tune.knobs import dumps
+
+    job, result = sampled
+    import_tensor_intrinsics()
+    records = JSONDatabase(work_dir=job.export_database, allow_missing=False).get_all_tuning_records()
+    ok = [r for r in _trials(Path(job.dataset)) if r["build_status"] == "ok"]
+    assert result.exported["records"] == len(records) == len(ok)
+    assert sorted(dumps(r.trace) for r in records) == sorted(json.dumps(json.loads(r["trace"]),
+                                                                        separators=(",", ":")) for r in ok)
+    assert sorted(float(s) for r in records for s in r.run_secs) == \
+        sorted(s for r in ok for s in json.loads(r["run_secs"]))
+    from opbench.pipeline.sample import export_database
+
+    again = export_database(job.dataset, job.export_database)  # records already there are not added twice
+    assert again == {"folder": job.export_database, "records": 0, "already_there": len(ok)}
+
+
+def test_a_killed_run_resumes_without_a_lost_or_duplicated_row(tmp_path):
+    dataset = tmp_path / "ds.sqlite"
+    args = ["--modelsource", "simple", "--modelname", MODEL, "--per-task", "4", "--builders", "1",
+            "--dataset", str(dataset)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.Popen([sys.executable, "-m", "opbench", "sample", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    before: list[dict] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if dataset.exists():
+            try:
+                before = _trials(dataset)
+            except sqlite3.Error:
+                continue
+            if before:
+                break
+    assert before, "no row was stored before the deadline"
+    os.killpg(proc.pid, signal.SIGKILL)  # the parent and its workers, as a machine's crash would
+    proc.wait()
+    stored = _trials(dataset)
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr
+    after = _trials(dataset)
+    keys = [(r["workload_id"], r["trial"]) for r in after]
+    tasks = {r["workload_id"] for r in after}
+    assert len(keys) == len(set(keys)) == 4 * len(tasks)  # 4 per task, none twice
+    kept = {(r["workload_id"], r["trial"]): r["run_secs"] for r in after}
+    assert all(kept[(r["workload_id"], r["trial"])] == r["run_secs"] for r in stored)  # nothing re-measured
+    assert "already stored" in done.stdout + done.stderr
+
+
+def test_the_spec_round_trips_and_names_its_fields(tmp_path):
+    from opbench.pipeline.sample import SampleJob
+    from opbench.pipeline.spec import SpecError
+
+    job = SampleJob(models=("a", "b"), dtypes=("float16",), devices=(0, 1), per_task=8)
+    assert SampleJob.from_json(json.dumps(job.to_json())) == job
+    job.save(tmp_path / "job.json")
+    assert SampleJob.load(tmp_path / "job.json") == job
+    for bad, field in [({"per_task": 0}, "per_task"), ({"audit": 2.0}, "audit"), ({"dtypes": ["int4"]}, "dtypes"),
+                       ({"devices": [0, 0]}, "devices"), ({"compiler": "clang"}, "compiler")]:
+        with pytest.raises(SpecError) as err:
+            SampleJob.from_json({**job.to_json(), **bad}).validate()
+        assert err.value.field == field
+    with pytest.raises(SpecError, match="per_task"):
+        SampleJob.from_json({"per_task": "many"})
+    with pytest.raises(SpecError, match="unknown field"):
+        SampleJob.from_json({"per_tsk": 3})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--per-task", "0"], "--per-task: must be between 1 and 100000"),
+    (["--per-task", "-3"], "--per-task: must be between 1 and 100000"),
+    (["--per-task", "1000000"], "--per-task: must be between 1 and 100000"),
+    (["--modelname", "resnet-18,nosuch"], "unknown model 'nosuch'"),
+    (["--target", "vulkan"], "unknown target"),
+    (["--audit", "1.5"], "a fraction between 0 and 1"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, args, message):
+    dataset = tmp_path / "ds.sqlite"
+    done = _cli("--dataset", str(dataset), *args, timeout=120)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not dataset.exists()
+
+
+def test_an_export_folder_that_is_not_a_database_is_refused_untouched(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    done = _cli("--modelsource", "simple", "--modelname", MODEL, "--dataset", str(tmp_path / "ds.sqlite"),
+                "--export-database", str(folder), timeout=120)
+    assert done.returncode == 2 and "not a MetaSchedule database" in done.stderr
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"] and not (tmp_path / "ds.sqlite").exists()

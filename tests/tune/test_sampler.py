@@ -1,0 +1,74 @@
+"""Hardware-free sampling: deterministic for a seed, de-duplicated, rejections counted (never built)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("tvm")
+
+
+@functools.cache
+def _task(n: int = 64):
+    """The one task of ``simple`` matmul:n=N (a dense layer), extracted once per session."""
+    import tvm
+
+    from opbench.models import load_workload
+    from opbench.pipeline.tune import extracted_tasks
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    (task,) = extracted_tasks(load_workload("simple", f"matmul:n={n}", 1), target)
+    return task.dispatched[0]
+
+
+def _cuda():
+    import tvm
+
+    from opbench.runtime.target import tuning_target
+
+    return tuning_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+
+
+def test_same_seed_same_candidates_and_a_prefix_extends():
+    from opbench.tune.sampler import SampleStats, sample_task
+
+    stats = SampleStats()
+    first = list(sample_task(_task(), _cuda(), 6, seed=3, init_valid=2, stats=stats))
+    again = list(sample_task(_task(), _cuda(), 6, seed=3, init_valid=2))
+    shorter = list(sample_task(_task(), _cuda(), 3, seed=3, init_valid=2))
+    assert [c.shash for c in first] == [c.shash for c in again] and len(first) == 6
+    assert [c.shash for c in shorter] == [c.shash for c in first[:3]]  # a larger --per-task extends a sample
+    assert [c.index for c in first] == list(range(6))
+    assert len({c.shash for c in first}) == 6  # de-duplicated
+    assert {c.origin.split(":")[0] for c in first} == {"random", "mutate"}
+    other = [c.shash for c in sample_task(_task(), _cuda(), 6, seed=4, init_valid=2)]
+    assert other != [c.shash for c in first]
+
+
+def test_rejected_candidates_are_counted_not_kept():
+    from opbench.tune.sampler import SampleStats, sample_task
+
+    stats = SampleStats()
+    kept = list(sample_task(_task(), _cuda(), 4, seed=0, init_valid=2, stats=stats))
+    # every attempt is kept or rejected for a named reason; VerifyGPUCode refuses random tilings of a CUDA dense
+    assert stats.kept == len(kept) == 4
+    assert stats.attempts == stats.kept + sum(stats.rejected.values())
+    assert stats.rejected["VerifyGPUCode"] > 0 and not stats.exhausted
+    assert stats.to_json()["rejected"]["VerifyGPUCode"] == stats.rejected["VerifyGPUCode"]
+
+
+def test_a_small_space_is_exhausted_early():
+    import tvm
+    from tvm import te, tirx
+
+    from opbench.runtime.target import tuning_target
+    from opbench.tune.sampler import SampleStats, sample_task
+
+    a = te.placeholder((8,), name="a")
+    b = te.compute((8,), lambda i: a[i] + 1.0, name="b")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b]).with_attr("global_symbol", "main")})
+    stats = SampleStats()
+    got = list(sample_task(mod, tuning_target(tvm.target.Target("llvm")), 50, seed=0, patience=30, stats=stats))
+    assert 1 <= len(got) < 50 and stats.exhausted and stats.attempts < 200
+    del tirx
