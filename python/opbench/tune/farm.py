@@ -171,6 +171,13 @@ def _serve(conn: Any, role: str) -> None:
     _die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="opbench worker: %(message)s")
     jobs: dict[str, Callable[..., Any]] = {"sample": _job_sample, "build": _job_build, "measure": _job_measure}
+    import tvm  # noqa: F401  (once per worker; the first job's timeout starts when this is done)
+
+    if role == "build":
+        from ..runtime.startup import import_tensor_intrinsics
+
+        import_tensor_intrinsics()
+    conn.send((0, "ready", None))
     while True:
         try:
             job_id, kind, kwargs = conn.recv()
@@ -310,6 +317,7 @@ class Worker:
         self.conn: Any = None
         self.job: dict[str, Any] | None = None  # the job in flight
         self.busy_s = 0.0
+        self.ready = False  # the process has imported TVM (its start-up counts against no job's timeout)
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -325,6 +333,7 @@ class Worker:
             os.environ.update(saved)
         child.close()
         self.conn = parent
+        self.ready = False
 
     def submit(self, job_id: int, job_kind: str, timeout: float | None, /, **kwargs: Any) -> None:
         """Send a job; ``_context`` (not sent) is kept with it for the parent."""
@@ -332,8 +341,8 @@ class Worker:
             self.start()
         now = time.perf_counter()
         context = kwargs.pop("_context", {})
-        self.job = {**context, "id": job_id, "kind": job_kind, "started": now,
-                    "deadline": now + timeout if timeout else None}
+        self.job = {**context, "id": job_id, "kind": job_kind, "started": now, "timeout": timeout,
+                    "deadline": now + timeout if timeout and self.ready else None}
         self.conn.send((job_id, job_kind, kwargs))
 
     def finish(self) -> dict[str, Any]:
@@ -507,6 +516,11 @@ class Farm:
                 continue
             job = worker.job
             assert job is not None
+            if kind == "ready":  # the job's timeout counts from now
+                worker.ready = True
+                if job["timeout"]:
+                    job["deadline"] = time.perf_counter() + job["timeout"]
+                continue
             if job["kind"] == "sample":
                 self._sample_message(worker, kind, payload, to_build)
             elif job["kind"] == "build":
