@@ -208,7 +208,7 @@ def test_models_and_export_json(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python"), **env_path})
     assert proc.returncode == 0, proc.stderr
     files = {f["table"]: f["rows"] for f in json.loads(proc.stdout)["files"]}
-    assert files == {"runs": 1, "operators": 1, "models": 1, "corun": 0, "trials": 0}
+    assert files == {"runs": 1, "operators": 1, "models": 1, "corun": 0, "trials": 0, "tasks": 0}
 
 
 def test_version_and_help():

@@ -165,10 +165,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _serve(conn: Any, role: str) -> None:
-    """A worker's loop: receive ``(job_id, kind, kwargs)``, send ``(job_id, kind, payload)`` messages."""
+def _serve(conn: Any, role: str, cores: list[int] | None = None) -> None:
+    """A worker's loop: receive ``(job_id, kind, kwargs)``, send ``(job_id, kind, payload)`` messages.
+
+    A worker runs on ``cores`` when given; builders run at a lower priority, so that a measurer sharing a
+    core with them is not delayed (a short kernel's time is mostly its launch, which a busy core stretches).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
     _die_with_parent()
+    with contextlib.suppress(OSError, AttributeError):
+        if cores:
+            os.sched_setaffinity(0, cores)
+        if role == "build":
+            os.nice(10)
     logging.basicConfig(level=logging.WARNING, format="opbench worker: %(message)s")
     jobs: dict[str, Callable[..., Any]] = {"sample": _job_sample, "build": _job_build, "measure": _job_measure}
     import tvm  # noqa: F401  (once per worker; the first job's timeout starts when this is done)
@@ -311,8 +320,9 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str)
 class Worker:
     """One child process serving jobs (see the module docstring); restarted after a kill."""
 
-    def __init__(self, name: str, role: str, env: dict[str, str], device: int | None = None) -> None:
-        self.name, self.role, self.env, self.device = name, role, env, device
+    def __init__(self, name: str, role: str, env: dict[str, str], device: int | None = None,
+                 cores: list[int] | None = None) -> None:
+        self.name, self.role, self.env, self.device, self.cores = name, role, env, device, cores
         self.proc: Any = None
         self.conn: Any = None
         self.job: dict[str, Any] | None = None  # the job in flight
@@ -326,7 +336,8 @@ class Worker:
         os.environ.clear()
         os.environ.update(self.env)  # a spawned child starts from this process's environment
         try:
-            self.proc = context.Process(target=_serve, args=(child, self.role), name=self.name, daemon=True)
+            self.proc = context.Process(target=_serve, args=(child, self.role, self.cores), name=self.name,
+                                        daemon=True)
             self.proc.start()
         finally:
             os.environ.clear()
@@ -363,6 +374,14 @@ class Worker:
     @property
     def idle(self) -> bool:
         return self.job is None
+
+
+def _restart_after(worker: Worker, error: str | None) -> None:
+    """Restart a measurer whose kernel failed on the GPU: a CUDA error (an illegal address, a launch failure)
+    leaves the process's context unusable, and every later candidate would fail with it. Other errors (a
+    library that does not load) leave the process as it is: a restart costs seconds."""
+    if error and "cuda" in error.lower():
+        worker.kill()
 
 
 def _builder_env(compiler: str | None) -> dict[str, str]:
@@ -405,13 +424,22 @@ class Farm:
 
         config = self.config
         devices = config.devices or [None]
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            list(range(os.cpu_count() or 1))
         cpu = config.target_kind != "cuda"
-        groups = cpu_groups(len(devices)) if cpu and len(devices) > 1 else [None] * len(devices)
+        if cpu:  # a CPU measurer uses its group of cores (all of them for one device)
+            groups: list[Any] = cpu_groups(len(devices)) if len(devices) > 1 else [None] * len(devices)
+            spare = None
+        else:  # a GPU's measurer gets a core of its own, from the last; the builders share the rest
+            own = len(cores) > len(devices) + 1
+            groups = [[cores[-1 - i]] if own else None for i in range(len(devices))]
+            spare = cores[: len(cores) - len(devices)] if own else None
         measurers = [Worker(f"{'cpu' if cpu else 'gpu'}{'' if d is None else d}", "measure",
-                            _measurer_env(config.target_kind, d, g), d) for d, g in zip(devices, groups, strict=True)]
+                            _measurer_env(config.target_kind, d, g if cpu else None), d, None if cpu else g)
+                     for d, g in zip(devices, groups, strict=True)]
         builders = config.builders or max(1, len(cores) - (len(devices) if not cpu else 0))
-        return [Worker(f"build{i}", "build", _builder_env(config.compiler)) for i in range(builders)], measurers
+        return [Worker(f"build{i}", "build", _builder_env(config.compiler), cores=spare) for i in range(builders)], \
+            measurers
 
     def run(self, tasks: list[FarmTask]) -> FarmStats:
         """Sample, build and measure every task; returns the statistics (also on an interrupt, as
@@ -570,10 +598,13 @@ class Farm:
                     self.on_audit(task, candidate, payload["run_secs"])
                 if first:
                     self.stats.audit.append(abs(statistics.median(payload["run_secs"]) - first) / first)
+            else:
+                _restart_after(worker, payload.get("error"))
             with contextlib.suppress(OSError):
                 os.remove(path)
             return
         if payload.get("error"):
+            _restart_after(worker, payload["error"])
             record = Record(task, candidate, "run_error", payload["error"], build_s=job["build_s"], device=device)
         else:
             record = Record(task, candidate, "ok", None, payload["run_secs"], payload["number"], payload["repeats"],
