@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,8 @@ from helpers import FAST, run
 from opbench import OpBenchError
 from opbench.pipeline.sweep import Point, Sweep, cross, format_sweep, strip_flags
 from opbench.runtime.device import cpu_child_env, cpu_groups
+
+ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = """
 import json, os, signal, sys
@@ -153,3 +159,74 @@ def test_a_cpu_sweep_over_two_workers(tmp_path):
     assert len(rows) == len({(w, b) for w, b, _ in rows}) == 4  # one operator per point: none lost or duplicated
     sizes = {len(c) for c in used.values()}
     assert {t.split()[0] for _, _, t in rows} <= {f"TVM_NUM_THREADS={n}" for n in sizes}
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"name": "my-project", "important": [1, 2, 3]}', "is not an OpBench sweep state"),
+    ('{"points": {}, "command": ["--modelsource", "local"]}', "is the state of another sweep"),
+    ('{"points": {"a|1|float32": {"exit": 0}', "cannot be read as a sweep state"),
+    ('[1, 2, 3]', "is not an OpBench sweep state"),
+    ('[' * 100000, "cannot be read as a sweep state"),
+    ('{"points": [], "command": []}', "is not an OpBench sweep state"),
+])
+def test_a_file_that_is_not_this_sweeps_state_is_refused_untouched(tmp_path, content, message):
+    mine = tmp_path / "mine.json"
+    mine.write_text(content)
+    before = mine.read_bytes()
+    with pytest.raises(OpBenchError, match=message) as err:
+        Sweep(["--modelsource", "simple"], cross(["a"], [1], ["float32"]), [None], mine, progress=False)
+    assert "\n" not in str(err.value) and mine.read_bytes() == before
+
+
+def test_the_cli_refuses_a_users_json_as_sweep_state(tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"name":"my-project","important":[1,2,3]}')
+    before = mine.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "opbench", "collect", "--modelsource", "simple", "--modelname",
+                           "matmul:n=64", "--batchsize", "1,2", "--dataset", str(tmp_path / "ds.sqlite"),
+                           "--sweep-state", str(mine)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert proc.returncode == 2 and "is not an OpBench sweep state" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and mine.read_bytes() == before
+
+
+SLEEPER = """import os, signal, sys, time
+open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
+signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+time.sleep(120)
+"""
+
+PARENT = """import sys
+from pathlib import Path
+from opbench import signals
+from opbench.pipeline.sweep import Sweep, cross
+signals.install()
+tmp = Path(sys.argv[1])
+command = lambda base, point, out: [sys.executable, str(tmp / "sleeper.py"), point.model, str(tmp / "pids.txt")]
+try:
+    Sweep([], cross(["a", "b", "c"], [1], ["float32"]), [0, 1], tmp / "state.json", command=command,
+          progress=False).run()
+except KeyboardInterrupt:
+    sys.exit(128 + (signals.received() or 2))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_stops_its_points_and_says_so(tmp_path, signum):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "parent.py").write_text(PARENT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "CUDA_VISIBLE_DEVICES": "0,1"}
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path)], env=env)
+    pids = tmp_path / "pids.txt"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
+        time.sleep(0.1)
+    os.kill(parent.pid, signum)  # to the parent alone, as `kill` does (a terminal's Ctrl-C reaches the group)
+    assert parent.wait(timeout=60) == 128 + signum
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # no point outlives the sweep
+    state = json.loads((tmp_path / "state.json").read_text())
+    stopped = [r for r in state["points"].values() if r["status"] == "interrupted"]
+    assert len(stopped) == 2 and "c|1|float32" not in state["points"]  # the third point never started

@@ -302,7 +302,7 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
     ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
-    from ..pipeline.sweep import Sweep, format_sweep, state_path, strip_flags
+    from ..pipeline.sweep import Sweep, check_state, format_sweep, state_path, strip_flags
     from ..runtime.device import check_index, parse_devices
     from ..runtime.target import target_config
 
@@ -321,6 +321,7 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     # with --device N this process already sees only that GPU (main), and the points inherit it
     base = strip_flags(args.argv)
     state = Path(args.sweep_state) if args.sweep_state else state_path(path, base)
+    check_state(state, base)  # a file that is not this sweep's state is refused before any work, untouched
     where = "" if devices == [None] else (f" on {len(devices)} CPU workers" if cpu else
                                           f" on GPUs {','.join(map(str, devices))}")
     log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",

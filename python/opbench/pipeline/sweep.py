@@ -30,9 +30,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import signals
+from ..errors import OpBenchError
 from ..utils import digest
 
 log = logging.getLogger("opbench")
+
+#: what a state file says it is (files of earlier versions say nothing, and are read by their shape)
+STATE_FORMAT = "opbench-sweep-state"
+#: seconds the points' processes get to save their work and exit after the sweep is interrupted
+STOP_GRACE_S = 30.0
 
 #: exit statuses of ``opbench collect`` a sweep treats as finished (0 ok, 3 finished with failed operators)
 FINISHED = (0, 3)
@@ -101,6 +108,36 @@ def state_path(dataset: str | Path, base_argv: Sequence[str]) -> Path:
     return dataset.with_name(f"{stem}.sweep-{digest(sorted(base_argv))[:10]}.json")
 
 
+def check_state(path: Path, base_argv: Sequence[str]) -> dict[str, Any]:
+    """The sweep state in ``path`` (empty when there is none yet), refused unless it is a state of this very
+    sweep: any other file (a user's JSON, a state of another command) or a corrupt one is an error naming it,
+    and its bytes stay as they are."""
+    path = Path(path)
+    if not path.exists():
+        return {"points": {}}
+    where = f"--sweep-state {str(path)!r}"
+    if not path.is_file():
+        raise OpBenchError(f"{where} is not a file (accepted: a sweep state file, or a new path)")
+    try:
+        if path.stat().st_size > 64 << 20:
+            raise ValueError("larger than 64 MiB")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise OpBenchError(f"{where} cannot be read as a sweep state ({type(err).__name__}); to start the sweep "
+                           "over, delete it or give another --sweep-state FILE") from None
+    points = data.get("points") if isinstance(data, dict) else None
+    command = data.get("command") if isinstance(data, dict) else None
+    if not isinstance(points, dict) or not isinstance(command, list) or \
+            data.get("format", STATE_FORMAT) != STATE_FORMAT or \
+            not all(isinstance(r, dict) for r in points.values()):
+        raise OpBenchError(f"{where} is not an OpBench sweep state (accepted: a file an earlier run of this sweep "
+                           "wrote, or a new path); it was left as it is")
+    if command != list(base_argv):
+        raise OpBenchError(f"{where} is the state of another sweep ({' '.join(map(str, command))[:120]}); give "
+                           "this sweep its own --sweep-state FILE (or none: one is named after its flags)")
+    return data
+
+
 def point_command(base_argv: Sequence[str], point: Point, json_path: Path) -> list[str]:
     """The child process's command: ``opbench collect`` with the point's flags, quiet, JSON to a file."""
     return [sys.executable, "-m", "opbench", "collect", *base_argv, *point.flags(), "-q",
@@ -161,22 +198,17 @@ class Sweep:
             if cpu and self.devices != [None] else {}
         self.state_file, self.command, self.timeout, self.progress = Path(state), command, timeout, progress
         self.logs = self.state_file.with_suffix("")
-        self.state = self._load()
+        self.state = check_state(self.state_file, self.base_argv)
         self._lock = threading.Lock()
+        self._children: dict[str, subprocess.Popen] = {}  # the points running now, by key
         self._stop = threading.Event()
         self._done = 0
         self.resumed = 0
 
     # state ------------------------------------------------------------------------------------------------
-    def _load(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {"points": {}}
-        return data if isinstance(data.get("points"), dict) else {"points": {}}
-
     def _save(self) -> None:
         self.state["command"] = self.base_argv
+        self.state["format"] = STATE_FORMAT
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
         os.replace(tmp, self.state_file)
@@ -208,10 +240,27 @@ class Sweep:
                     w.join(0.2)
         except KeyboardInterrupt:
             self._stop.set()
+            self._stop_children(signals.received() or signal.SIGINT)
             for w in workers:
-                w.join()
+                w.join(STOP_GRACE_S + 5)
             raise
         return self.records()
+
+    def _stop_children(self, signum: int) -> None:
+        """Hand the sweep's signal to every running point (each saves what it finished and exits), and kill
+        any that has not exited within :data:`STOP_GRACE_S`: no point outlives the sweep."""
+        with self._lock:
+            children = list(self._children.values())
+        for child in children:
+            with contextlib.suppress(OSError):
+                child.send_signal(signum)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
     def _worker(self, device: int | None, work: queue.Queue[Point]) -> None:
         from ..runtime.device import child_env, cpu_child_env
@@ -236,8 +285,12 @@ class Sweep:
         json_path.unlink(missing_ok=True)
         start = time.monotonic()
         with open(log_path, "w") as out:
-            child = subprocess.Popen(self.command(self.base_argv, point, json_path), stdout=out,
-                                     stderr=subprocess.STDOUT, env=env)
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                child = subprocess.Popen(self.command(self.base_argv, point, json_path), stdout=out,
+                                         stderr=subprocess.STDOUT, env=env)
+                self._children[point.key] = child
             cores = self.cores.get(device)
             if cores and hasattr(os, "sched_setaffinity"):  # the child has one thread yet: all later ones inherit
                 with contextlib.suppress(OSError):
@@ -248,6 +301,11 @@ class Sweep:
                 child.kill()
                 code = child.wait()
                 out.write(f"\nopbench sweep: killed after {self.timeout:g} s\n")
+            finally:
+                with self._lock:
+                    self._children.pop(point.key, None)
+        if self._stop.is_set() and code not in FINISHED:
+            code = 128 + (signals.received() or signal.SIGINT) if code >= 0 else code  # stopped by the sweep
         seconds = time.monotonic() - start
         summary = None
         try:
@@ -305,5 +363,5 @@ def format_sweep(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FINISHED", "POINT_FLAGS", "Point", "Sweep", "cross", "format_sweep", "point_command", "state_path",
-           "strip_flags"]
+__all__ = ["FINISHED", "POINT_FLAGS", "Point", "Sweep", "check_state", "cross", "format_sweep", "point_command",
+           "state_path", "strip_flags"]
