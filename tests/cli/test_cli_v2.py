@@ -257,3 +257,15 @@ def test_bad_schedule_files(tmp_path):
     path = tmp_path / "good.json"
     path.write_text(json.dumps(good))
     assert Schedule.load(path).stream_of == [0, 1, 0]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["collect", "--help"], ["sample", "--help"],
+                                  ["compare", "--help"], ["report", "--help"]])
+def test_version_and_help_import_neither_tvm_nor_torch(argv):
+    """They answer at once: building the parser imports no heavy module (it took 8.6 s when it did)."""
+    code = ("import sys\nfrom opbench.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('tvm', 'torch', 'tvm_ffi') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert proc.returncode == 0, proc.stderr[-500:]

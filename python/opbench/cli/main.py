@@ -132,8 +132,7 @@ def _tuner_names() -> list[str]:
 
 
 def _add_compare(sub: Any) -> None:
-    from ..ir.regions import CUTS
-    from ..pipeline.compile import KERNELS
+    from ..ir.regions import CUTS, KERNELS
     from ..runtime.backend import BACKENDS
 
     p = sub.add_parser("compare", help="run a model under each schedule and compare", formatter_class=Formatter,

@@ -36,6 +36,8 @@ from typing import Any
 from ..errors import OpBenchError
 
 CUTS = ("branches", "blocks", "whole")
+#: a torch model's kernels: PyTorch's own, one per traced call (aten); regions compiled by Inductor (fused)
+KERNELS = ("aten", "fused")
 
 
 class _Regions:

@@ -25,6 +25,7 @@ from .. import signals
 from ..errors import OpBenchError
 from ..ir import OpGraph, extract_operators
 from ..ir.merge import conv_bindings, merge_sibling_convs, sibling_groups
+from ..ir.regions import KERNELS
 from ..models import Workload
 from ..profile.schedule import median, merge_cost, time_ops
 from ..runtime import BuiltModule, OperatorKernels, build_module
@@ -34,8 +35,6 @@ from ..runtime.target import tuning_target
 log = logging.getLogger("opbench")
 #: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
 MERGE_MODES = ("none", "all", "ios")
-#: a torch model's kernels: PyTorch's own, one per traced call (aten); regions compiled by Inductor (fused)
-KERNELS = ("aten", "fused")
 
 
 @dataclasses.dataclass

@@ -8,11 +8,13 @@ launch on PyTorch's current stream on the GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OpBenchError
-from ..ir.graph import ArgRef
-from .kernels import OperatorKernels
+
+if TYPE_CHECKING:  # the names of the backends are read by the command line's help, which imports no TVM
+    from ..ir.graph import ArgRef
+    from .kernels import OperatorKernels
 
 #: the kinds :meth:`KernelBackend.create` makes (``fused`` registers itself when first asked for)
 BACKENDS = ("tvm", "torch", "fused")
