@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,14 @@ def load(path: str | Path, table: str = "operators") -> Any:
 
 
 def export_format(out: str | Path, fmt: str | None) -> str:
-    """The export format: ``fmt`` if given, else from ``out``'s suffix."""
+    """The export format: ``fmt`` if given, else from ``out``'s suffix; a suffix that names the other format
+    (``--format csv --out x.parquet``) is refused, so that no file holds what its name does not say."""
+    by_suffix = FORMATS.get(Path(out).suffix.lower())
+    if fmt is not None and by_suffix is not None and fmt in ("csv", "parquet") and fmt != by_suffix:
+        raise OpBenchError(f"--format {fmt} but '{out}' names a {by_suffix} file (accepted: a suffix that matches "
+                           f"the format, e.g. '{Path(out).with_suffix('.' + fmt).name}', or no --format)")
     if fmt is None:
-        fmt = FORMATS.get(Path(out).suffix.lower())
+        fmt = by_suffix
         if fmt is None:
             raise OpBenchError(f"cannot tell the format of '{out}' from its suffix "
                                f"(accepted: {', '.join(FORMATS)}, or --format csv|parquet)")
@@ -69,10 +76,18 @@ def export(path: str | Path, fmt: str | None, out: str | Path, tables: list[str]
     with Dataset(path, readonly=True) as ds:
         for table, target in zip(tables, export_targets(out, tables), strict=True):
             frame = ds.frame(table)
-            if fmt == "csv":
-                csv_frame(frame).to_csv(target, index=False)
-            else:
-                write_parquet(frame, columns_of(table), target)
+            partial = target.with_name(f".{target.name}.partial")  # renamed once whole: no file is left cut short
+            try:
+                if fmt == "csv":
+                    csv_frame(frame).to_csv(partial, index=False)
+                else:
+                    write_parquet(frame, columns_of(table), partial)
+                os.replace(partial, target)
+            except OSError as err:
+                partial.unlink(missing_ok=True)
+                raise OpBenchError(f"cannot write {str(target)!r}: {err.strerror or err}"
+                                   f"{' (is the disk full?)' if err.errno == errno.ENOSPC else ''}; "
+                                   f"{len(written)} of {len(tables)} tables were written") from None
             written.append(target)
     return written
 

@@ -1,0 +1,76 @@
+"""Round 4 of hostile input and faults: export that names what it cannot write and never leaves a file cut
+short or of the wrong format. Each case is one row of a table; commands run as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..helpers import ROOT
+
+
+def _opbench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opbench", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    """A dataset of 2,000 operator rows (no model is compiled)."""
+    from opbench.dataset import Dataset
+
+    path = tmp_path / "ds.sqlite"
+    with Dataset(path) as ds:
+        with ds.guard(), ds.conn:
+            ds.conn.executemany(
+                "INSERT INTO operators (workload_id, device_id, config, l2_flush, op_index, func, latency_median_s, "
+                "status, error) VALUES ('w', 'd', 'default', 0, ?, ?, 1e-3, 'ok', ?)",
+                [(i, f"fused_op_{i}", "x" * 200) for i in range(2000)])
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "csv", "--out", "x.parquet"], "--format csv but 'x.parquet' names a parquet file"),
+    (["--format", "parquet", "--out", "x.csv"], "--format parquet but 'x.csv' names a csv file"),
+    (["--format", "xml", "--out", "x.xml"], "unknown --format 'xml' (accepted: csv, parquet)"),
+])
+def test_export_refuses_a_format_its_file_name_contradicts(tmp_path, dataset, args, message):
+    out = _opbench("export", "--dataset", str(dataset), "--table", "operators",
+                   *[str(tmp_path / a) if a.startswith("x.") else a for a in args])
+    assert out.returncode == 2 and message.replace("'x.", f"'{tmp_path}/x.") in out.stderr
+    assert len(_lines(out.stderr)) == 1 and not list(tmp_path.glob("x.*"))
+
+
+def _can_mount() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs a private mount namespace (unshare -m) for a small file system")
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_export_on_a_full_disk_names_the_file_and_leaves_nothing_cut_short(tmp_path, dataset, suffix):
+    pytest.importorskip("pyarrow")
+    full = tmp_path / "full"
+    full.mkdir()
+    target = full / f"ops{suffix}"
+    cmd = [sys.executable, "-m", "opbench", "export", "--dataset", str(dataset), "--table", "operators",
+           "--out", str(target)]
+    script = (f"mount -t tmpfs -o size=48k tmpfs {full} && {' '.join(cmd)}; code=$?; ls -a {full}; exit $code")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    errors = [line for line in _lines(out.stderr) if "error" in line]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr
+    assert str(target) in errors[0] and "is the disk full?" in errors[0]
+    listed = set(out.stdout.split())
+    assert not listed & {f"ops{suffix}", f".ops{suffix}.partial"}  # neither a truncated file nor a partial one
