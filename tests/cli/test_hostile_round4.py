@@ -74,3 +74,23 @@ def test_export_on_a_full_disk_names_the_file_and_leaves_nothing_cut_short(tmp_p
     assert str(target) in errors[0] and "is the disk full?" in errors[0]
     listed = set(out.stdout.split())
     assert not listed & {f"ops{suffix}", f".ops{suffix}.partial"}  # neither a truncated file nor a partial one
+
+
+@pytest.mark.parametrize("args, message", [
+    (["collect", "--modelsource", "simple", "--modelname", "matmul:n=64,bogus", "--batchsize", "1,2"],
+     "unknown model 'bogus' for source 'simple'"),
+    (["collect", "--modelsource", "simple", "--modelname", "matmul:q=64", "--batchsize", "1,2"],
+     "unknown option 'q'"),
+    (["collect", "--modelsource", "transformers", "--modelname", "bert-small,gpt9", "--batchsize", "1,2"],
+     "unknown model 'gpt9' for source 'transformers'"),
+    (["collect", "--modelsource", "local", "--modelname", "googlenet,resnet-5", "--dtype", "fp32,fp16"],
+     "unknown model 'resnet-5'"),
+    (["train", "--what", "latency", "--config", "bogus", "--dataset", "data/dataset/h100.sqlite.gz"],
+     "--config 'bogus': no operator rows of NVIDIA H100 80GB HBM3 have it (accepted: "),
+])
+def test_every_point_and_name_is_checked_before_any_work(tmp_path, args, message):
+    if "--dataset" not in args:
+        args = [*args, "--dataset", str(tmp_path / "ds.sqlite")]
+    out = _opbench(*args)
+    assert out.returncode == 2 and message in out.stderr and len(_lines(out.stderr)) == 1, out.stderr
+    assert not (tmp_path / "ds.sqlite").exists()

@@ -273,9 +273,8 @@ def sweep_points(args: argparse.Namespace) -> list[Any]:
     models = model_names(str(args.modelname))
     kinds = dtypes(args.dtype)
     source = get_source(args.modelsource)
-    for name in models:
-        if len(models) > 1 and hasattr(source, "canonical"):
-            source.canonical(name)
+    for name in models:  # every point's model is checked now, not when its turn comes
+        source.check_name(name)
     sizes = batch_sizes(args)
     for name in models:
         for size in sizes:

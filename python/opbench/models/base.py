@@ -155,6 +155,10 @@ class ModelSource:
         """
         return 0
 
+    def check_name(self, name: str) -> None:
+        """Refuse an unknown model name (or bad options in it) before any work: one line naming what is
+        accepted. A source whose names are open (files, URLs) accepts any here."""
+
     def unknown(self, name: str) -> OpBenchError:
         """The error for an unknown model name."""
         return OpBenchError(

@@ -69,6 +69,10 @@ class TransformersSource(ModelSource):
     def models(self) -> list[str]:
         return sorted(_MODELS)
 
+    def check_name(self, name: str) -> None:
+        if name.strip().lower() not in _MODELS:
+            raise self.unknown(name)
+
     def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
         from ..ir.precision import cast_module
         from ._torch import export_to_relax, import_torch, torch_dtype

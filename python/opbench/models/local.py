@@ -89,6 +89,9 @@ class LocalSource(ModelSource):
     def models(self) -> list[str]:
         return sorted(_ZOO)
 
+    def check_name(self, name: str) -> None:
+        self.canonical(name)
+
     def canonical(self, name: str) -> str:
         key = name.strip().lower()
         key = _ALIASES.get(key, key)

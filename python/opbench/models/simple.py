@@ -142,11 +142,17 @@ class SimpleSource(ModelSource):
     def models(self) -> list[str]:
         return sorted(_MODELS)
 
-    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
+    def check_name(self, name: str) -> None:
         base, _, opt_text = name.partition(":")
         base = base.strip().lower()
         if base not in _MODELS:
             raise self.unknown(name)
+        self.options(base, opt_text)
+
+    def load(self, name: str, batch_size: int = 1, **options: Any) -> Workload:
+        self.check_name(name)
+        base, _, opt_text = name.partition(":")
+        base = base.strip().lower()
         opts = self.options(base, opt_text)
         from ..ir.precision import cast_module
 

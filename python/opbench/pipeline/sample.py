@@ -189,8 +189,7 @@ def check_job(job: SampleJob) -> list[tuple[str, int, str]]:
     source = get_source(job.source)
     names = list(source.models()) if tuple(job.models) == ("all",) else list(job.models)
     for name in names:
-        if hasattr(source, "canonical"):
-            source.canonical(name)  # an unknown model is refused here, not when its turn comes
+        source.check_name(name)  # an unknown model is refused here, not when its turn comes
         for batch in job.batch_sizes:
             check_fits(job.source, name, batch)
     if job.export_database:

@@ -98,6 +98,10 @@ class LatencyPredictor(Predictor):
 def latency_rows(path: str, device: str | None = None, config: str = "default") -> tuple[list[dict[str, Any]], str]:
     """The measured operator rows of one device and kernel configuration."""
     rows, device_name = dataset_rows(path, "operators", device)
+    configs = sorted({str(r.get("config")) for r in rows if r.get("config") is not None})
+    if rows and config not in configs:
+        raise OpBenchError(f"--config {config!r}: no operator rows of {device_name} have it (accepted: "
+                           f"{', '.join(configs)})")
     rows = [r for r in rows if r.get("config") == config and r.get("latency_median_s")]
     return rows, device_name
 
