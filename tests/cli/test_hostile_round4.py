@@ -94,3 +94,21 @@ def test_every_point_and_name_is_checked_before_any_work(tmp_path, args, message
     out = _opbench(*args)
     assert out.returncode == 2 and message in out.stderr and len(_lines(out.stderr)) == 1, out.stderr
     assert not (tmp_path / "ds.sqlite").exists()
+
+
+@pytest.mark.parametrize("how", ["link to a secret", "foreign content"])
+def test_a_tuning_database_never_echoes_a_file_that_is_not_ours(tmp_path, how):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password=hunter2\n")
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "database_workload.json").write_text("")
+    records = db / "database_tuning_record.json"
+    if how == "link to a secret":
+        records.symlink_to(secret)
+    else:
+        records.write_text("password=hunter2\n")
+    out = _opbench("collect", "--modelsource", "simple", "--modelname", "matmul:n=64", "--dataset",
+                   str(tmp_path / "ds.sqlite"), "--database", str(db))
+    assert out.returncode == 2 and len(_lines(out.stderr)) == 1, out.stderr
+    assert "hunter2" not in out.stderr and "database" in out.stderr

@@ -75,14 +75,19 @@ def open_database(folder: str | Path, create: bool = True) -> Any:
         except OSError as err:
             raise OpBenchError(f"cannot create tuning database {str(folder)!r}: {err.strerror}") from None
     unpack(folder)
+    for name in DATABASE_FILES:  # a link would make us read (and quote) a file that is not ours
+        if (folder / name).is_symlink() or ((folder / name).exists() and not (folder / name).is_file()):
+            raise OpBenchError(f"tuning database file {str(folder / name)!r} is not a regular file (a link or a "
+                               "folder; accepted: the files MetaSchedule writes)")
     from ..runtime.startup import import_tensor_intrinsics
 
     import_tensor_intrinsics()  # records of tensor-core schedules name TVM's tensor intrinsics
     try:
         return JSONDatabase(work_dir=str(folder), allow_missing=create)
-    except Exception as err:  # a corrupt or foreign file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise OpBenchError(f"cannot read tuning database {str(folder)!r}: {first}") from None
+    except Exception as err:  # a corrupt or foreign file: say which, never what it holds
+        raise OpBenchError(f"cannot read tuning database {str(folder)!r}: its files are not a MetaSchedule JSON "
+                           f"database ({type(err).__name__}; accepted: database_workload.json and "
+                           "database_tuning_record.json as MetaSchedule writes them)") from None
 
 
 def check_database(folder: str | Path, write: bool) -> None:
