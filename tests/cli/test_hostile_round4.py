@@ -112,3 +112,35 @@ def test_a_tuning_database_never_echoes_a_file_that_is_not_ours(tmp_path, how):
                    str(tmp_path / "ds.sqlite"), "--database", str(db))
     assert out.returncode == 2 and len(_lines(out.stderr)) == 1, out.stderr
     assert "hunter2" not in out.stderr and "database" in out.stderr
+
+
+def _schedule(path: Path, **extra) -> Path:
+    from opbench.schedule import Schedule
+
+    Schedule("opara", [0], [0], [], meta=extra.pop("meta", {}), **extra).save(path)
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cut", "whole"], "--cut whole cuts a PyTorch model into Inductor-compiled regions: it applies to"),
+    (["--torch-compile"], "--torch-compile adds a torch.compile row to the PyTorch backends"),
+    (["--sm-partition", "auto"], "--sm-partition auto confines CUDA streams to groups of SMs"),
+    (["--nvtx"], "--nvtx marks operators for Nsight Systems on a GPU"),
+    (["--schedule", "PARTITIONED"], "this schedule confines its streams to groups of SMs"),
+    (["--backend", "fused", "--cut", "whole", "--schedule", "CUT"], "the schedule was saved with its regions cut"),
+])
+def test_an_option_that_does_not_apply_is_refused_not_ignored(tmp_path, args, message):
+    files = {"PARTITIONED": _schedule(tmp_path / "p.json", sm_groups=[66], sm_group_of=[0]),
+             "CUT": _schedule(tmp_path / "c.json", meta={"kernels": "fused", "cut": "branches",
+                                                          "regions": [["x"]]})}
+    args = [str(files.get(a, a)) for a in args]
+    out = _opbench("compare", "--modelsource", "simple", "--modelname", "matmul:n=64", "--target", "llvm", *args)
+    assert out.returncode == 2 and message in out.stderr and len(_lines(out.stderr)) == 1, out.stderr
+    assert "SMs" not in out.stdout
+
+
+def test_collect_refuses_an_sm_partition_on_the_cpu(tmp_path):
+    out = _opbench("collect", "--modelsource", "simple", "--modelname", "matmul:n=64", "--ifcompare", "true",
+                   "--sm-partition", "auto", "--dataset", str(tmp_path / "ds.sqlite"))
+    assert out.returncode == 2 and "--sm-partition auto confines CUDA streams" in out.stderr
+    assert not (tmp_path / "ds.sqlite").exists()

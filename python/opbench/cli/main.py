@@ -277,6 +277,7 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     target = resolve_target(args.target, local_device=rpc is None)
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
+    _check_applies(args, is_gpu(target), compare.schedule if compare else None)
     if pretrained:
         tuner = load_pretrained(tuner, pretrained, target.kind.name)
     if args.iftune:  # a second tuning run on this database is refused now, not after measuring
@@ -498,6 +499,33 @@ def _print_comparison(result: Any, args: argparse.Namespace) -> dict[str, Any]:
     return result.table()
 
 
+def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
+    """One rule for every option of ``compare`` that does not apply to the run asked for: it is refused (one
+    line, exit 2, before any work), never ignored."""
+    backend, kernels = getattr(args, "backend", "tvm"), getattr(args, "kernels", "aten")
+    cut, torch_compile = getattr(args, "cut", "auto"), getattr(args, "torch_compile", False)
+    fused = backend == "fused" or (backend == "torch" and kernels == "fused")
+    if getattr(args, "nvtx", False) and not gpu:
+        raise OpBenchError("--nvtx marks operators for Nsight Systems on a GPU: use it with --target cuda "
+                           "(on the CPU, --trace shows each stream's thread)")
+    if cut != "auto" and not fused:
+        raise OpBenchError(f"--cut {cut} cuts a PyTorch model into Inductor-compiled regions: it applies to "
+                           "--backend torch --kernels fused (or --backend fused), not to this run")
+    if torch_compile and backend == "tvm":
+        raise OpBenchError("--torch-compile adds a torch.compile row to the PyTorch backends: it applies to "
+                           "--backend torch or fused, not to --backend tvm")
+    if args.sm_partition != "off" and not gpu:
+        raise OpBenchError(f"--sm-partition {args.sm_partition} confines CUDA streams to groups of SMs: it applies "
+                           "to --target cuda (on the CPU, streams are threads)")
+    if schedule is not None and schedule.partitioned and not gpu:
+        raise OpBenchError("--schedule: this schedule confines its streams to groups of SMs, which applies to a GPU "
+                           "(--target cuda); on the CPU use a schedule saved without --sm-partition")
+    saved_cut = schedule.meta.get("cut") if schedule is not None and schedule.meta.get("regions") else None
+    if saved_cut and cut not in ("auto", saved_cut):
+        raise OpBenchError(f"--cut {cut}, but the schedule was saved with its regions cut '{saved_cut}' "
+                           f"(accepted: --cut {saved_cut} or auto, which reuses the saved regions)")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..pipeline.compare import compare, model_backend
     from ..pipeline.compile import merge_mode
@@ -510,9 +538,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_output_path(args.trace, "--trace")
     options = compare_options(args)  # a bad schedule file or scheduler name fails before any work
     target = resolve_target(args.target)
-    if args.nvtx and not is_gpu(target):
-        raise OpBenchError("--nvtx marks operators for Nsight Systems on a GPU: use it with --target cuda "
-                           "(on the CPU, --trace shows each stream's thread)")
+    _check_applies(args, is_gpu(target), options.schedule)
     workload = load_model(args)
     database = _database_dir(args, "") if args.backend == "tvm" else None
     backend, baseline = model_backend(workload, target, args.backend, database, merge, args.seed,
