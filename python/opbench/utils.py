@@ -131,3 +131,42 @@ def check_output_path(path: str | Path | None, flag: str) -> None:
         raise OpBenchError(f"{flag} {str(path)!r} is not writable ({err.strerror})") from None
     if not existed:
         p.unlink(missing_ok=True)
+
+
+#: the largest JSON file OpBench reads (a trace, held-out predictions, a predictor's metadata, a spec)
+JSON_LIMIT = 64 << 20
+
+
+def parse_json(text: str | bytes, what: str, kind: type = dict) -> Any:
+    """``text`` parsed as JSON whose top level is a ``kind``; anything else (not JSON, not UTF-8, nested
+    deeper than Python recurses, another type) is a one-line :class:`OpBenchError` naming ``what``."""
+    from .errors import OpBenchError
+
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise OpBenchError(f"{what} is not valid JSON") from None
+    except RecursionError:
+        raise OpBenchError(f"{what} is nested too deeply to be read") from None
+    if not isinstance(data, kind):
+        raise OpBenchError(f"{what} holds a JSON {type(data).__name__}, not a JSON "
+                           f"{'object' if kind is dict else kind.__name__}")
+    return data
+
+
+def read_json(path: str | Path, what: str, kind: type = dict, limit: int = JSON_LIMIT) -> Any:
+    """The JSON file at ``path`` (:func:`parse_json`), refused before it is read when it is larger than
+    ``limit`` bytes."""
+    from .errors import OpBenchError
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise OpBenchError(f"{what} is {size / 2**20:.0f} MiB, more than the {limit / 2**20:.0f} MiB OpBench "
+                               "reads")
+        text = path.read_bytes()
+    except OSError as err:
+        raise OpBenchError(f"cannot read {what}: {err.strerror or err}") from None
+    return parse_json(text, what, kind)
+

@@ -144,3 +144,93 @@ def test_collect_refuses_an_sm_partition_on_the_cpu(tmp_path):
                    "--sm-partition", "auto", "--dataset", str(tmp_path / "ds.sqlite"))
     assert out.returncode == 2 and "--sm-partition auto confines CUDA streams" in out.stderr
     assert not (tmp_path / "ds.sqlite").exists()
+
+
+def _rezip(src: Path, dst: Path, replace: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            zout.writestr(item.filename, replace.get(item.filename, zin.read(item.filename)))
+        for name, data in replace.items():
+            if name not in zin.namelist():
+                zout.writestr(name, data)
+    return dst
+
+
+def _narrow_trials(src: Path, dst: Path) -> Path:
+    """The shipped trials predictor with its training data cut to 7 features per store."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(src) as zf, np.load(io.BytesIO(zf.read("trials_data.npz"))) as arrays:
+        data = {k: (arrays[k][:, :7] if k.startswith("features") else arrays[k]) for k in arrays.files}
+    buffer = io.BytesIO()
+    np.savez(buffer, **data)
+    return _rezip(src, dst, {"trials_data.npz": buffer.getvalue()})
+
+
+TRIALS = ROOT / "data" / "predictors" / "llvm_trials_resnet-18_squeezenet.opm"
+PREDICTOR_CASES = {
+    "meta.json nested 100,000 deep": (lambda p: _rezip(TRIALS, p, {"meta.json": b"[" * 100_000}), "nested too deeply"),
+    "meta.json a list": (lambda p: _rezip(TRIALS, p, {"meta.json": b"[1, 2]"}), "holds a JSON list"),
+    "meta.json of 17 MiB": (lambda p: _rezip(TRIALS, p, {"meta.json": b" " * (17 << 20) + b"{}"}),
+                            "unpacks to 17 MiB, more than the 16 MiB"),
+    "boosters not a list": (lambda p: _rezip(TRIALS, p, {"meta.json": b'{"format": "opbench-predictor", "what": '
+                                                                      b'"trials", "boosters": {"a": 1}}'}),
+                            "'boosters' is not a list of names"),
+    "7 features, not 164": (lambda p: _narrow_trials(TRIALS, p), "164 features per buffer store"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREDICTOR_CASES))
+def test_a_hostile_predictor_file_is_one_line(tmp_path, case):
+    make, message = PREDICTOR_CASES[case]
+    bad = make(tmp_path / "bad.opm")
+    out = _opbench("collect", "--modelsource", "simple", "--modelname", "matmul:n=64", "--iftune", "true",
+                   "--predictor", str(bad), "--dataset", str(tmp_path / "ds.sqlite"))
+    assert out.returncode == 2 and len(_lines(out.stderr)) == 1 and message in out.stderr, out.stderr
+
+
+TRACE_CASES = {
+    "events of the wrong type": ('{"traceEvents": [1, "x", null]}', "event 0 is a int, not an object"),
+    "NaN duration": ('{"traceEvents": [{"ts": 0, "dur": NaN}]}', "event 0 has dur NaN"),
+    "negative duration": ('{"traceEvents": [{"ts": 0, "dur": -5}]}', "event 0 has dur -5"),
+    "infinite time": ('{"traceEvents": [{"ts": Infinity, "dur": 1}]}', "event 0 has ts Infinity"),
+    "nested 100,000 deep": ("[" * 100_000, "nested too deeply"),
+    "a list": ("[1, 2, 3]", "holds a JSON list"),
+    "no events": ('{"other": 1}', "has no list of traceEvents"),
+    "too many events": ('{"traceEvents": [' + ",".join(['{"ts": 1, "dur": 1}'] * 200_001) + "]}",
+                        "has 200001 events, more than the 200000"),
+}
+
+
+@pytest.mark.parametrize("case", list(TRACE_CASES))
+def test_a_hostile_trace_is_one_line_before_any_work(tmp_path, case):
+    content, message = TRACE_CASES[case]
+    trace = tmp_path / "t.json"
+    trace.write_text(content)
+    out = _opbench("report", "--dataset", str(ROOT / "data" / "dataset" / "h100.sqlite.gz"), "--trace", str(trace),
+                   "--out", str(tmp_path / "report"))
+    assert out.returncode == 2 and len(_lines(out.stderr)) == 1 and message in out.stderr, out.stderr
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_huge_trace_is_refused_by_its_size_at_once(tmp_path):
+    trace = tmp_path / "t.json"
+    with open(trace, "wb") as handle:
+        handle.truncate(65 << 20)  # sparse: 65 MiB that read as zeros
+    out = _opbench("report", "--dataset", str(ROOT / "data" / "dataset" / "h100.sqlite.gz"), "--trace", str(trace),
+                   "--out", str(tmp_path / "report"))
+    assert out.returncode == 2 and "65 MiB, more than the 64 MiB OpBench reads" in out.stderr
+
+
+def test_a_hostile_heldout_file_is_one_line(tmp_path):
+    heldout = tmp_path / "x.heldout.json"
+    heldout.write_text('{"what": "latency", "rows": [1, 2]}')
+    out = _opbench("report", "--dataset", str(ROOT / "data" / "dataset" / "h100.sqlite.gz"), "--predictor",
+                   str(heldout), "--out", str(tmp_path / "report"))
+    assert out.returncode == 2 and len(_lines(out.stderr)) == 1 and "is not a file of held-out predictions" in \
+        out.stderr, out.stderr

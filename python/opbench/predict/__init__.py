@@ -120,17 +120,18 @@ def write_heldout(predictor: str | Path, result: dict[str, Any], rows: list[dict
 
 def read_heldout(path: str | Path) -> dict[str, Any]:
     """Held-out predictions stored by :func:`train` (``path``: the file, or the predictor beside it)."""
-    import json
-
     path = Path(path)
     if not path.name.endswith(".heldout.json"):
         path = heldout_path(path)
-    try:
-        data = json.loads(path.read_text())
-        assert data.get("what") == "latency" and isinstance(data.get("rows"), list)
-    except (OSError, ValueError, AssertionError):
-        raise OpBenchError(f"no held-out predictions at '{path}' (made by 'opbench train --what latency --out "
-                           "FILE' beside FILE)") from None
+    from ..utils import read_json
+
+    accepted = "made by 'opbench train --what latency --out FILE' beside FILE"
+    if not path.is_file():
+        raise OpBenchError(f"no held-out predictions at '{path}' ({accepted})")
+    data = read_json(path, f"held-out predictions {str(path)!r}")
+    rows = data.get("rows")
+    if data.get("what") != "latency" or not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise OpBenchError(f"'{path}' is not a file of held-out predictions ({accepted})")
     return data
 
 

@@ -79,10 +79,10 @@ class Predictor:
                                f"format may carry code): retrain it with 'opbench train --what {cls.what}'")
         for name in meta.get("boosters", []):
             booster = xgb.Booster()
-            booster.load_model(bytearray(zf.read(f"{name}.ubj")))
+            booster.load_model(bytearray(_member(zf, f"{name}.ubj", path)))
             obj.boosters[name] = booster
         for name in meta.get("blobs", []):
-            obj.blobs[name] = zf.read(name)
+            obj.blobs[name] = _member(zf, name, path)
         try:
             obj.validate()
         except OpBenchError as err:
@@ -129,12 +129,36 @@ def predictor_kind(path: str | Path) -> str:
     path = _existing(path)
     try:
         with zipfile.ZipFile(path) as zf:
-            meta = json.loads(zf.read("meta.json"))
+            meta = _meta(zf, path)
         if meta.get("format") == FORMAT and meta.get("what") in WHATS:
             return str(meta["what"])
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError, ValueError, OSError):
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
         pass
     raise _not_a_predictor(path)
+
+
+#: the largest member of a predictor file OpBench unpacks (its metadata, each booster, its training data)
+MEMBER_LIMIT = 256 << 20
+
+
+def _member(zf: zipfile.ZipFile, name: str, path: Path, limit: int = MEMBER_LIMIT) -> bytes:
+    """One member of a predictor file, refused before it is unpacked when it would be larger than ``limit``."""
+    size = zf.getinfo(name).file_size
+    if size > limit:
+        raise OpBenchError(f"predictor file '{path}': '{name}' unpacks to {size / 2**20:.0f} MiB, more than the "
+                           f"{limit / 2**20:.0f} MiB OpBench unpacks")
+    return zf.read(name)
+
+
+def _meta(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
+    """A predictor file's ``meta.json``: a JSON object of at most 16 MiB, with lists where lists belong."""
+    from ..utils import parse_json
+
+    meta = parse_json(_member(zf, "meta.json", path, 16 << 20), f"predictor file '{path}': meta.json")
+    for key in ("boosters", "blobs", "groups"):
+        if key in meta and not (isinstance(meta[key], list) and all(isinstance(v, str | int) for v in meta[key])):
+            raise OpBenchError(f"predictor file '{path}': meta.json's '{key}' is not a list of names")
+    return meta
 
 
 def load_predictor(path: str | Path, what: str | None = None) -> Any:
@@ -146,7 +170,7 @@ def load_predictor(path: str | Path, what: str | None = None) -> Any:
     path = _existing(path)
     try:
         with zipfile.ZipFile(path) as zf:
-            meta = json.loads(zf.read("meta.json"))
+            meta = _meta(zf, path)
             if meta.get("format") != FORMAT:
                 raise KeyError
             kinds = {"latency": LatencyPredictor, "corun": CorunPredictor, "trials": TrialsPredictor}

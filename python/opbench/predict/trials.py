@@ -118,6 +118,10 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
 XGB_PARAMS = {"max_depth": 6, "eta": 0.1, "min_child_weight": 1.0}
 
 
+#: the features MetaSchedule's ``PerStoreFeature`` gives for each buffer store of a candidate (its default)
+FEATURE_WIDTH = 164
+
+
 def _xgb_model(seed: int = 0) -> Any:
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
@@ -190,6 +194,11 @@ class TrialsPredictor(Predictor):
             with np.load(io.BytesIO(self.blobs[DATA_BLOB]), allow_pickle=False) as arrays:
                 for i, group_hash in enumerate(self.meta.get("groups", [])):
                     rows, feats = arrays[f"rows{i}"], arrays[f"features{i}"]
+                    if feats.ndim != 2 or (len(feats) and feats.shape[1] != FEATURE_WIDTH) or \
+                            int(rows.sum()) != len(feats) or len(arrays[f"costs{i}"]) != len(rows):
+                        raise ValueError(f"group {i} holds features of shape {feats.shape} for {len(rows)} candidates "
+                                         f"(accepted: {FEATURE_WIDTH} features per buffer store, as PerStoreFeature "
+                                         "gives)")
                     features = np.split(feats.astype("float32"), np.cumsum(rows)[:-1]) if len(rows) else []
                     model.data[group_hash] = FeatureGroup(group_hash=str(group_hash), features=list(features),
                                                           costs=arrays[f"costs{i}"].astype("float32"))
@@ -198,6 +207,11 @@ class TrialsPredictor(Predictor):
             raise OpBenchError(f"trials predictor: its training data do not read ({err}); retrain it with "
                                "'opbench train --what trials'") from None
         if "trials" in self.boosters:
+            width = self.boosters["trials"].num_features()
+            if width != FEATURE_WIDTH:
+                raise OpBenchError(f"trials predictor: its booster reads {width} features, not the {FEATURE_WIDTH} "
+                                   "MetaSchedule's PerStoreFeature gives; retrain it with 'opbench train --what "
+                                   "trials'")
             model.booster = self.boosters["trials"]
         model.last_train_size = model.data_size
         return model

@@ -153,17 +153,37 @@ def write_trace(path: str | Path, trace: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(trace) + "\n")
 
 
-def read_trace(path: str | Path) -> dict[str, Any]:
-    """A Chrome trace written by :func:`write_trace`, checked to be one."""
-    from ..errors import OpBenchError
+#: the most events a trace may hold for the report (a schedule's trace has a few per operator)
+MAX_EVENTS = 200_000
 
-    try:
-        data = json.loads(Path(path).read_text())
-        events = data["traceEvents"]
-        assert isinstance(events, list)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        raise OpBenchError(f"'{path}' is not a trace written by 'opbench compare --trace' (accepted: a Chrome trace "
-                           "JSON file)") from None
+
+def read_trace(path: str | Path) -> dict[str, Any]:
+    """A Chrome trace written by :func:`write_trace`, checked to be one: a JSON object whose ``traceEvents``
+    are objects with finite, non-negative times, at most :data:`MAX_EVENTS` of them (a larger trace is
+    refused at once, by its size, before it is read)."""
+    import math
+
+    from ..errors import OpBenchError
+    from ..utils import read_json
+
+    accepted = "accepted: a Chrome trace JSON file written by 'opbench compare --trace'"
+    data = read_json(path, f"trace {str(path)!r}")
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise OpBenchError(f"trace {str(path)!r} has no list of traceEvents ({accepted})")
+    if len(events) > MAX_EVENTS:
+        raise OpBenchError(f"trace {str(path)!r} has {len(events)} events, more than the {MAX_EVENTS} the report "
+                           f"draws ({accepted}, of one model)")
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise OpBenchError(f"trace {str(path)!r}: event {i} is a {type(event).__name__}, not an object "
+                               f"({accepted})")
+        for key in ("ts", "dur"):
+            value = event.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or \
+                    value < 0:
+                raise OpBenchError(f"trace {str(path)!r}: event {i} has {key} {json.dumps(value)[:20]} (accepted: a "
+                                   "finite number of 0 or more microseconds)")
     return data
 
 
