@@ -64,3 +64,37 @@ def test_compressed_dataset_is_read_only(tmp_path):
         assert ds.count("operators") == 6
     with pytest.raises(OpBenchError, match="is compressed and can only be read"):
         Dataset(packed)
+
+
+def test_train_refuses_too_few_models_and_writes_nothing(tmp_path):
+    """The GPU quick start on a machine whose dataset holds the CPU quick start's two models once wrote a
+    predictor with MAPE 5e9 % and used it; now it is refused, naming the minimum."""
+    plain = tmp_path / "d.sqlite"
+    write_synthetic(plain, models=2, per_model=30, coruns=0)
+    out = run("train", "--dataset", str(plain), "--what", "latency", "--out", str(tmp_path / "lat.opm"), script=False)
+    errors = [line for line in out.stderr.splitlines() if "error" in line]
+    assert out.returncode == 2 and len(errors) == 1
+    assert "too little data for a latency predictor: the by_model split finds 2 groups" in errors[0]
+    assert not (tmp_path / "lat.opm").exists()
+
+
+def test_a_prediction_outside_the_training_range_is_marked(synthetic, tmp_path):
+    from opbench.models import load_workload
+    from opbench.predict import load_predictor, train
+    from opbench.predict.latency import predict_workload
+    from opbench.runtime import resolve_target
+
+    train(synthetic, "latency", out=tmp_path / "lat.opm", folds=3)
+    predictor = load_predictor(tmp_path / "lat.opm", "latency")
+    low, high = predictor.meta["latency_range_s"]
+    assert 0 < low < high
+    rows = predict_workload(load_workload("simple", "branchy"), resolve_target({"kind": "cuda", "arch": "sm_90"},
+                                                                                 local_device=False), predictor)
+    assert rows and all(r["outside_training_range"] == (not low <= r["predicted_ms"] / 1e3 <= high) for r in rows)
+    predictor.meta["latency_range_s"] = [1.0, 2.0]  # seconds: every operator's prediction lies below it
+    rows = predict_workload(load_workload("simple", "branchy"), resolve_target({"kind": "cuda", "arch": "sm_90"},
+                                                                                 local_device=False), predictor)
+    assert all(r["outside_training_range"] for r in rows)
+    from opbench.cli.learn import _ms
+
+    assert _ms(2.6e11) == "2.600e+11" and _ms(1.5) == "1.5000" and len(_ms(2.6e11)) <= 12

@@ -167,14 +167,25 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"{'#':>4}  {'operator':<44}  {'kind':<12}  {'output':<18}  {'predicted ms':>12}", file=out)
     for r in rows:
         print(f"{r['op_index']:>4}  {r['func'][:44]:<44}  {r['kind']:<12}  {r['output'][:18]:<18}  "
-              f"{r['predicted_ms']:>12.4f}", file=out)
+              f"{_ms(r['predicted_ms']):>12}{' *' if r['outside_training_range'] else ''}", file=out)
     total = sum(r["predicted_ms"] for r in rows)
-    print(f"whole model (sum of operators): {total:.3f} ms predicted", file=out)
+    print(f"whole model (sum of operators): {_ms(total)} ms predicted", file=out)
+    outside = sum(r["outside_training_range"] for r in rows)
+    if outside:
+        low, high = predictor.meta["latency_range_s"]
+        log.warning("%d of %d predictions (marked *) lie outside the latencies this predictor was trained on "
+                    "(%.4f to %.4f ms): they are extrapolations, not to be trusted", outside, len(rows), low * 1e3,
+                    high * 1e3)
     if args.json:
         write_json(args.json, {"model": workload.name, "source": workload.source, "workload_id": workload.workload_id,
                                "target": target.kind.name, "device_name": predictor.device_name,
                                "predicted_sum_ms": total, "operators": rows})
     return 0
+
+
+def _ms(value: float) -> str:
+    """Milliseconds for a table column: fixed point where it fits, else scientific (never wider)."""
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.3e}"
 
 
 def _prediction_target(text: str) -> Any:

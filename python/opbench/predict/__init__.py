@@ -23,6 +23,12 @@ from .splits import SPLITS
 log = logging.getLogger("opbench")
 
 
+#: the fewest held-out groups (models for by_model) a predictor is trained on
+MIN_GROUPS = 3
+#: a held-out MAPE above this is reported as beyond reason (a warning; the predictor is still written)
+MAX_SANE_MAPE = 1.0
+
+
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
           seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
           exclude: list[str] | None = None, task_modules: Any = None) -> dict[str, Any]:
@@ -61,7 +67,7 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         elif features != "graph" and not launched:
             raise OpBenchError(f"--features {features} needs kernel launch dimensions, which these rows lack "
                                "(measured on a CPU, or by an older OpBench): use --features graph")
-        log.info("latency: %d operator rows on %s; %d-fold %s split", len(rows), device_name, folds, split)
+        log.info("latency: %d operator rows on %s; up to %d folds, %s split", len(rows), device_name, folds, split)
         report = latency.evaluate(rows, split, folds, features, seed)
         kind = target_kind(rows[0]["target"])
         meta.update(config=config)
@@ -69,7 +75,7 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
     elif what == "corun":
         groups, device_name = corun.corun_examples(str(dataset), device)
         groups = [g for g in groups if g["model"] not in skip]
-        log.info("corun: %d co-run groups on %s; %d-fold %s split", len(groups), device_name, folds, split)
+        log.info("corun: %d co-run groups on %s; up to %d folds, %s split", len(groups), device_name, folds, split)
         report = corun.evaluate(groups, split, folds, seed)
         kind = target_kind(groups[0]["members"][0]["target"])
         fitted = lambda m: corun.CorunPredictor.fit(groups, seed, m)  # noqa: E731
@@ -79,11 +85,19 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
                                "opbench.pipeline.train.train (or 'opbench train')")
         tasks, device_name = trials.trial_examples(str(dataset), task_modules, device)
         tasks = {k: t for k, t in tasks.items() if t["model"] not in skip}
-        log.info("trials: %d tuned tasks, %d candidates on %s; %d-fold %s split", len(tasks),
+        log.info("trials: %d tuned tasks, %d candidates on %s; up to %d folds, %s split", len(tasks),
                  sum(len(t["xs"]) for t in tasks.values()), device_name, folds, split)
         report = trials.evaluate(tasks, split, folds, seed)
         kind = next(iter(tasks.values()))["target_kind"]
         fitted = lambda m: trials.TrialsPredictor.fit(list(tasks.values()), seed, m)  # noqa: E731
+    if report["folds"] < min(MIN_GROUPS, folds):  # fewer groups than folds asked for, and fewer than three
+        raise OpBenchError(f"too little data for a {what} predictor: the {split} split finds {report['folds']} groups "
+                           f"to hold out (needed: at least {MIN_GROUPS}, each held out against two others or more; "
+                           "collect more models, or use --split by_task)")
+    mape = report["metrics"].get("mape")
+    if mape is not None and mape > MAX_SANE_MAPE:
+        log.warning("%s predictor: held-out MAPE %.0f%% is beyond reason; its predictions are not to be trusted "
+                    "(collect more models, or models like the ones to predict)", what, 100 * mape)
     meta.update(device_name=device_name, target_kind=kind, metrics=report["metrics"])
     predicted, held = report.pop("predicted", None), report.pop("predicted_rows", None)
     result = {"what": what, "split": split, **report, "device_name": device_name, "target_kind": kind,

@@ -56,7 +56,8 @@ class LatencyPredictor(Predictor):
         base = np.where(np.isnan(base), fill, base)
         coef, *_ = np.linalg.lstsq(base, y, rcond=None)
         obj = cls({**(meta or {}), "feature_set": feature_set, "features": operator_feature_names(feature_set),
-                   "n_rows": len(ops), "baseline": {"coef": coef.tolist(), "fill": fill}})
+                   "n_rows": len(ops), "baseline": {"coef": coef.tolist(), "fill": fill},
+                   "latency_range_s": [float(np.exp(y.min())), float(np.exp(y.max()))]})
         x = operator_matrix(ops, feature_set)
         for i in range(SEEDS):
             suffix = f".{i}" if i else ""
@@ -187,9 +188,11 @@ def predict_workload(workload: Any, target: Any, predictor: LatencyPredictor) ->
         for op in ops:
             op.update(launches.get(op["func"], {}))
     seconds = predictor.predict(ops)
+    low, high = predictor.meta.get("latency_range_s") or (0.0, float("inf"))
     return [{"op_index": op["index"], "func": op["func"], "kind": op["kind"],
              "output_shapes": op["output_shapes"],
-             "flops": op["flops"], "bytes": op["bytes"], "predicted_ms": float(t) * 1e3}
+             "flops": op["flops"], "bytes": op["bytes"], "predicted_ms": float(t) * 1e3,
+             "outside_training_range": not low <= float(t) <= high}
             for op, t in zip(ops, seconds, strict=True)]
 
 
