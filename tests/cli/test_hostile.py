@@ -275,6 +275,7 @@ def test_a_full_disk_during_tuning(tmp_path, where, size):
     errors = [line for line in _lines(out.stderr) if not line.startswith("opbench: ")]
     assert len(errors) == 1 and ("dataset" if where == "dataset" else "tuning database file") in errors[0], errors
     assert len(_lines(out.stderr)) < 30  # progress lines and the error; no logging tracebacks
+    assert "Logging error" not in out.stderr and "Traceback" not in out.stderr
     kept = tmp_path / "kept"
     rows, keys, records, runs = _trial_state(kept / "ds.sqlite" if where == "dataset" else dataset,
                                              kept / "db" if where == "database" else database)

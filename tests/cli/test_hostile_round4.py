@@ -234,3 +234,15 @@ def test_a_hostile_heldout_file_is_one_line(tmp_path):
                    str(heldout), "--out", str(tmp_path / "report"))
     assert out.returncode == 2 and len(_lines(out.stderr)) == 1 and "is not a file of held-out predictions" in \
         out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tvms_own_warnings_only_with_v(tmp_path, verbose):
+    """gpt2-small printed 9 raw TVM C++ warnings ('Fast mode segfaults ...') at the default verbosity."""
+    pytest.importorskip("transformers")
+    out = _opbench("collect", "--modelsource", "transformers", "--modelname", "gpt2-small", "--seqlen", "16",
+                   "--no-check", "--repeat", "1", "--min-repeat-ms", "0", "--dataset", str(tmp_path / "ds.sqlite"),
+                   *(["-v"] if verbose else []), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    native = [line for line in out.stderr.splitlines() if "] /project/" in line and "Warning:" in line]
+    assert bool(native) == verbose

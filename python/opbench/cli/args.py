@@ -90,8 +90,9 @@ def add_common(p: argparse.ArgumentParser) -> Any:
     """The output group (``-q``, ``-v``) every command has; returned for the command's own output flags."""
     g = p.add_argument_group("output")
     g.add_argument("-q", "--quiet", action="store_true", help="warnings and the summary only: no progress, "
-                   "no table, TVM's own warnings hidden")
-    g.add_argument("-v", "--verbose", action="store_true", help="debug log lines")
+                   "no table")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="debug log lines, and TVM's own C++ messages and other libraries' warnings (hidden otherwise)")
     return g
 
 

@@ -684,8 +684,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
     level = logging.DEBUG if args.debug or getattr(args, "verbose", False) else \
         logging.WARNING if quiet else logging.INFO
     signals.install()
-    with native_stderr(quiet):
+    verbose = args.debug or getattr(args, "verbose", False)
+    # a log file that cannot be written (MetaSchedule's, on a full disk) is not worth a traceback; with --debug it is
+    logging.raiseExceptions = bool(args.debug)
+    with native_stderr(not verbose):  # TVM's C++ warnings belong behind -v (they are not about the user's input)
         logging.basicConfig(level=level, format="opbench: %(message)s", stream=sys.stderr, force=True)
+        logging.captureWarnings(True)  # other libraries' Python warnings (matplotlib's) also only with -v
+        logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.CRITICAL)
         try:
             if getattr(args, "gpu", None) is not None and getattr(args, "devices", None) is None:
                 from ..runtime.device import select_gpu
