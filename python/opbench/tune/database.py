@@ -101,6 +101,9 @@ def check_database(folder: str | Path, write: bool) -> None:
         if write and not all(os.access(f, os.W_OK) for f in files):
             raise OpBenchError(f"tuning database {str(folder)!r} is not writable (tuning adds its records there; "
                                "use --database DIR for another folder)")
+        if write:  # a run that holds it may be writing it now: say so, rather than that it does not read
+            with database_lock(folder):
+                pass
         open_database(folder, create=False)  # a corrupt or foreign file is refused here
         return
     if not write:
