@@ -18,6 +18,7 @@ interpreter that is shutting down.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -37,11 +38,30 @@ def _handler(signum: int, _frame: Any) -> None:
 
 
 def install() -> None:
-    """Handle SIGINT and SIGTERM by recording them and raising ``KeyboardInterrupt``."""
+    """Handle SIGINT and SIGTERM by recording them and raising ``KeyboardInterrupt``.
+
+    Also registers :func:`_last_moments` with ``atexit``, early, so that it runs after the exit handlers
+    of what is imported later (worker pools): from then on the process is only finishing its exit.
+    """
     _received.clear()
     _deferring.clear()
     for signum in SIGNALS:
         signal.signal(signum, _handler)
+    if not _registered:
+        _registered.append(True)
+        atexit.register(_last_moments)
+
+
+_registered: list[bool] = []
+
+
+def _last_moments() -> None:
+    """The interpreter's last moments: Python resets its signal handlers to the default ones while it
+    shuts down, after which a Ctrl-C would kill the process (exit -2, no message) although every
+    measurement is saved. A signal now is ignored: the process ends with its own status."""
+    for signum in SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def received() -> int | None:

@@ -246,3 +246,19 @@ def test_tvms_own_warnings_only_with_v(tmp_path, verbose):
     assert out.returncode == 0, out.stderr[-2000:]
     native = [line for line in out.stderr.splitlines() if "] /project/" in line and "Warning:" in line]
     assert bool(native) == verbose
+
+
+def test_a_signal_in_the_interpreters_last_moments_is_ignored():
+    """Python resets its handlers while it shuts down; a Ctrl-C then killed the process with exit -2 and no
+    message. The last exit handler now ignores signals: a SIGINT sent from it leaves the exit status as is."""
+    code = ("import atexit, os, signal\nfrom opbench import signals\nsignals.install()\n"
+            "signals.exiting('interrupted while exiting')\n"
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n")  # runs before the last handler
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert done.returncode in (0, 130) and (done.returncode == 0 or "interrupted while exiting" in done.stderr)
+    code = ("import os, signal\nfrom opbench import signals\nsignals.install()\nsignals._last_moments()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\nprint('alive')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert done.returncode == 0 and done.stdout.strip() == "alive"
