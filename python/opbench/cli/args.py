@@ -268,14 +268,14 @@ def sweep_points(args: argparse.Namespace) -> list[Any]:
     """Every (model, batch size, dtype) ``--modelname``, ``--batchsize`` and ``--dtype`` name, each
     checked before anything is measured: an unknown model, dtype or batch size, or a batch that would
     not fit in memory, is a one-line error."""
-    from ..models import check_fits, get_source
+    from ..models import check_fits, check_name, get_source
     from ..pipeline.sweep import cross
 
     models = model_names(str(args.modelname))
     kinds = dtypes(args.dtype)
     source = get_source(args.modelsource)
     for name in models:  # every point's model is checked now, not when its turn comes
-        source.check_name(name)
+        check_name(source, name)
     sizes = batch_sizes(args)
     for name in models:
         for size in sizes:

@@ -48,10 +48,7 @@ def load_workload(
     """Load ``name`` from ``source`` at ``batch_size`` in precision ``dtype`` (:data:`DTYPES`); options go
     to the source's ``load``."""
     src = get_source(source)
-    if not name:
-        raise OpBenchError(f"no model name given for source '{src.name}'")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise OpBenchError(f"model name {name!r} contains a control character (accepted: printable text)")
+    check_name(src, name)
     batch = check_batch_size(batch_size)
     dtype = check_dtype(dtype)
     if dtype not in src.dtypes:
@@ -62,6 +59,17 @@ def load_workload(
                                                                                      **options)
     workload.dtype = dtype
     return workload
+
+
+def check_name(source: str | ModelSource, name: str) -> None:
+    """Refuse a model name before any work: empty, with a control character, or one the source does not
+    know (:meth:`ModelSource.check_name`)."""
+    src = get_source(source)
+    if not name:
+        raise OpBenchError(f"no model name given for source '{src.name}'")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise OpBenchError(f"model name {name!r} contains a control character (accepted: printable text)")
+    src.check_name(name)
 
 
 def check_fits(source: str | ModelSource, name: str, batch_size: int, **options: Any) -> None:
@@ -99,6 +107,7 @@ __all__ = [
     "Workload",
     "check_dtype",
     "check_fits",
+    "check_name",
     "get_source",
     "list_sources",
     "load_workload",

@@ -176,7 +176,7 @@ class SampleResult:
 
 def check_job(job: SampleJob) -> list[tuple[str, int, str]]:
     """Validate ``job`` and every model it names (before any work); its (model, batch, dtype) points."""
-    from ..models import check_fits, get_source
+    from ..models import check_fits, check_name, get_source
     from ..runtime.target import target_config
 
     job.validate()
@@ -189,7 +189,7 @@ def check_job(job: SampleJob) -> list[tuple[str, int, str]]:
     source = get_source(job.source)
     names = list(source.models()) if tuple(job.models) == ("all",) else list(job.models)
     for name in names:
-        source.check_name(name)  # an unknown model is refused here, not when its turn comes
+        check_name(source, name)  # an unknown model is refused here, not when its turn comes
         for batch in job.batch_sizes:
             check_fits(job.source, name, batch)
     if job.export_database:
