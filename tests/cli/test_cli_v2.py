@@ -263,7 +263,8 @@ def test_bad_schedule_files(tmp_path):
                                   ["compare", "--help"], ["report", "--help"]])
 def test_version_and_help_import_neither_tvm_nor_torch(argv):
     """They answer at once: building the parser imports no heavy module (it took 8.6 s when it did)."""
-    code = ("import sys\nfrom opbench.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom opbench.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('tvm', 'torch', 'tvm_ffi') if m in sys.modules)\n"
             "assert not heavy, heavy\n")
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
