@@ -58,7 +58,9 @@ def test_rows_per_task_with_status_knobs_and_timings(sampled):
     assert result.stats.to_json()["audit"]["n"] == len(ok)
     with sqlite3.connect(job.dataset) as conn:
         uses = [json.loads(u) for (u,) in conn.execute("SELECT uses FROM tasks")]
+        sampling = [json.loads(u) for (u,) in conn.execute("SELECT sampling FROM tasks")]
     assert len(uses) == len(result.tasks) and all(u[0]["model"] == "matmul" for u in uses)
+    assert all(s["seed=0"]["kept"] == 3 and s["seed=0"]["attempts"] >= 3 for s in sampling)
 
 
 def test_two_cpu_workers_split_the_measurements(sampled):

@@ -361,6 +361,18 @@ class Dataset:
             cur = self.conn.execute(sql, [_encode(row[c]) for c in names] + [row[c] for c in rest])
             return int(self.conn.execute(f"SELECT {counter} FROM {table} WHERE id=?", (cur.lastrowid,)).fetchone()[0])
 
+    def update(self, table: str, values: dict[str, Any], where: dict[str, Any]) -> int:
+        """Set ``values`` in the rows of ``table`` whose columns equal ``where`` (one transaction); the count."""
+        columns = {name for name, _ in TABLES[table][0]}
+        unknown = (set(values) | set(where)) - columns
+        if unknown or not where:
+            raise KeyError(f"bad update of {table}: {sorted(unknown) or 'no condition'}")
+        sql = (f"UPDATE {table} SET {', '.join(f'{c}=?' for c in values)} "
+               f"WHERE {' AND '.join(f'{c}=?' for c in where)}")
+        with self.guard(), self.conn:
+            cur = self.conn.execute(sql, [_encode(v) for v in values.values()] + list(where.values()))
+        return int(cur.rowcount)
+
     def has(self, table: str, key: dict[str, Any]) -> bool:
         """Whether a row with this key was written with status 'ok'."""
         unique = TABLES[table][1]

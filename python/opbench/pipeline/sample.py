@@ -316,10 +316,8 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                 "measured_at": now()})
 
         def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:
-            with dataset.guard(), dataset.conn:
-                dataset.conn.execute("UPDATE trials SET audit_secs=? WHERE workload_id=? AND device_id=? AND "
-                                     "config=? AND l2_flush=? AND tuner='sample' AND trial=?",
-                                     (json.dumps(secs), task.key, dev_id, config, int(job.flush_l2), candidate.index))
+            dataset.update("trials", {"audit_secs": secs}, {**model_key(task.key, dev_id, config, job.flush_l2),
+                                                            "tuner": "sample", "trial": candidate.index})
 
         def on_sampled(task: FarmTask, stats: dict[str, Any]) -> None:
             _note_sampling(dataset, task.key, job, stats)
@@ -361,8 +359,7 @@ def _note_sampling(dataset: Dataset, key: str, job: SampleJob, stats: dict[str, 
     (row,) = dataset.rows("tasks", {"workload_id": key})
     sampling = json.loads(row["sampling"]) if row["sampling"] else {}
     sampling[f"seed={job.seed}"] = {**stats, "per_task": job.per_task}
-    with dataset.guard(), dataset.conn:
-        dataset.conn.execute("UPDATE tasks SET sampling=? WHERE workload_id=?", (json.dumps(sampling), key))
+    dataset.update("tasks", {"sampling": sampling}, {"workload_id": key})
 
 
 def export_database(dataset_path: str | Path, folder: str | Path, keys: list[str] | None = None,
