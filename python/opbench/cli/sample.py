@@ -146,12 +146,12 @@ def job_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from ..pipeline.sample import check_job, sample
+    from ..pipeline.sample import sample
     from .format import public_command
 
     check_output_path(args.json, "--json")
     job = job_from_args(args)
-    check_job(job)  # every model, the target, the devices and the export folder, before any work
+    # sample() checks every model, the target, the devices and the export folder before any work
     result = sample(job, command=public_command([args.prog_name, *args.argv]))
     summary = result.summary()
     print(format_summary(summary), file=human(args))

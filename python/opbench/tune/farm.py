@@ -524,7 +524,7 @@ class Farm:
                     audit.clear()
                     continue
                 return
-            self._receive(busy, to_build, built, audit, audit_rng, pending)
+            self._receive(busy, to_build, built, audit, audit_rng)
             sampling = sum(1 for w in builders if w.job and w.job["kind"] == "sample")
             self._timeouts(busy)
             if time.perf_counter() - last_report >= config.progress_s:
@@ -532,7 +532,7 @@ class Farm:
                 self._progress(start, builders, measurers, len(pending), len(to_build), len(built))
 
     def _receive(self, busy: list[Worker], to_build: collections.deque, built: collections.deque,
-                 audit: list[Any], audit_rng: random.Random, pending: collections.deque) -> None:
+                 audit: list[Any], audit_rng: random.Random) -> None:
         ready = wait([w.conn for w in busy], timeout=0.2)
         for worker in busy:
             if worker.conn not in ready:
