@@ -285,11 +285,12 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
         log.info("%d distinct tasks from %d models; %d candidates each", len(tasks), len(points), job.per_task)
         farm_tasks = []
         for task in tasks:
-            _store_task(dataset, task, ms_target, run.run_id)
+            mod_json, args_info = tvm.ir.save_json(task.mod), _args_info(task.mod)  # once: stored and sent
+            _store_task(dataset, task, ms_target, run.run_id, mod_json, args_info)
             key = model_key(task.key, dev_id, config, job.flush_l2)
             done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
-            farm_tasks.append(FarmTask(task.key, task.name, tvm.ir.save_json(task.mod), target_json, task.space,
-                                       job.per_task, _args_info(task.mod), done))
+            farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
+                                       args_info, done))
         by_key = {t.key: t for t in tasks}
 
         def row_key(task: FarmTask) -> dict[str, Any]:
@@ -335,10 +336,9 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     return SampleResult(job, run.run_id, tasks, stats, stored, exported)
 
 
-def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int) -> None:
+def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, mod_json: str,
+                args_info: list[Any]) -> None:
     """The task's row: its module once, and the union of the models that use it."""
-    import tvm
-
     from ..runtime.target import canonical_target
 
     (old,) = dataset.rows("tasks", {"workload_id": task.key}) or [None]
@@ -348,7 +348,7 @@ def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int
             uses.append(use)
     dataset.put("tasks", {"workload_id": task.key, "run_id": run_id, "task": task.name,
                           "target": canonical_target(ms_target), "dtype": task.dtype,
-                          "space": task.space, "mod": tvm.ir.save_json(task.mod), "args_info": _args_info(task.mod),
+                          "space": task.space, "mod": mod_json, "args_info": args_info,
                           "flops": task.flops, "uses": uses,
                           "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
                           "created_at": old["created_at"] if old else now()})

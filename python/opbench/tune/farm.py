@@ -196,9 +196,9 @@ def _serve(conn: Any, role: str, cores: list[int] | None = None) -> None:
             for message in jobs[kind](**kwargs):
                 conn.send((job_id, *message))
         except Exception as err:  # a job's failure is the candidate's, never the worker's
-            from .measure import error_text
+            from .measure import exception_text
 
-            conn.send((job_id, "error", error_text(f"{type(err).__name__}: {err}")))
+            conn.send((job_id, "error", exception_text(err)))
 
 
 def _job_sample(mod: str, target: str, count: int, seed: int, space: str) -> Iterator[tuple[str, Any]]:
@@ -216,17 +216,12 @@ def _job_sample(mod: str, target: str, count: int, seed: int, space: str) -> Ite
 def _job_build(mod: str, target: str, path: str) -> Iterator[tuple[str, Any]]:
     import tvm
 
-    from .measure import build_candidate, error_text
+    from .measure import build_to_file
 
     start = time.perf_counter()
-    try:
-        lib = build_candidate(tvm.ir.load_json(mod), tvm.target.Target(json.loads(target)))
-        lib.export_library(path)  # linked here: the measurer only loads it
-    except Exception as err:
-        yield "done", {"path": None, "error": error_text(f"{type(err).__name__}: {err}"),
-                       "seconds": time.perf_counter() - start}
-        return
-    yield "done", {"path": path, "error": None, "seconds": time.perf_counter() - start}
+    # a shared library, linked here: the measurer only loads it
+    error = build_to_file(tvm.ir.load_json(mod), tvm.target.Target(json.loads(target)), path)
+    yield "done", {"path": None if error else path, "error": error, "seconds": time.perf_counter() - start}
 
 
 _ARGS: dict[str, Any] = {}  # a measurer's argument buffers by signature (candidates of a task share them)
@@ -288,28 +283,22 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str)
     """
     import tvm
 
+    from .measure import exception_text
+
     dev = _device(kind)
     try:
         mod = tvm.runtime.load_module(path)
         args = _arguments(args_info, dev)
         name = mod.entry_name
-        probe = mod.time_evaluator(name, dev, number=1, repeat=1)
-        first = float(probe(*args).results[0])
-    except Exception as err:
-        from .measure import error_text
-
-        return {"error": error_text(f"{type(err).__name__}: {err}")}
-    preproc = _flush_function(dev) if timing.flush_l2 else ""
-    number = 1 if timing.flush_l2 else max(1, min(timing.max_number,
-                                                  math.ceil(timing.min_repeat_ms * 1e-3 / max(first, 1e-9))))
-    repeat = timing.repeat * (2 if first < timing.fast_s else 1)
-    try:
+        first = float(mod.time_evaluator(name, dev, number=1, repeat=1)(*args).results[0])
+        preproc = _flush_function(dev) if timing.flush_l2 else ""
+        number = 1 if timing.flush_l2 else max(1, min(timing.max_number,
+                                                      math.ceil(timing.min_repeat_ms * 1e-3 / max(first, 1e-9))))
+        repeat = timing.repeat * (2 if first < timing.fast_s else 1)
         evaluator = mod.time_evaluator(name, dev, number=number, repeat=repeat, f_preproc=preproc)
         secs = [float(s) for s in evaluator(*args).results]
     except Exception as err:
-        from .measure import error_text
-
-        return {"error": error_text(f"{type(err).__name__}: {err}")}
+        return {"error": exception_text(err)}
     median = statistics.median(secs)
     return {"run_secs": secs, "number": number, "repeats": repeat,
             "spread": (max(secs) - min(secs)) / median if median > 0 else None}

@@ -52,16 +52,23 @@ def build_candidate(mod: Any, target: Any) -> Any:
         return tvm.tirx.build(mod, target=target)
 
 
+def build_to_file(mod: Any, target: Any, path: str, fcompile: Any = None) -> str | None:
+    """Build a candidate (:func:`build_candidate`) and export it to ``path`` (``fcompile``: how; default a
+    linked shared library); the error text where it does not build (recorded, the search goes on)."""
+    try:
+        lib = build_candidate(mod, target)
+        lib.export_library(path, **({"fcompile": fcompile} if fcompile is not None else {}))
+    except Exception as err:
+        return exception_text(err)
+    return None
+
+
 def _build_one(item: Any) -> Any:
     from tvm.support.tar import tar
 
-    try:
-        lib = build_candidate(item.mod, item.target)
-        path = os.path.join(tempfile.mkdtemp(prefix="opbench-build-"), "mod." + tar.output_format)
-        lib.export_library(path, fcompile=tar)
-        return BuilderResult(path, None)
-    except Exception as err:  # a candidate that does not build is recorded, the search goes on
-        return BuilderResult(None, error_text(f"{type(err).__name__}: {err}"))
+    path = os.path.join(tempfile.mkdtemp(prefix="opbench-build-"), "mod." + tar.output_format)
+    error = build_to_file(item.mod, item.target, path, fcompile=tar)
+    return BuilderResult(None if error else path, error)
 
 
 @derived_object
@@ -122,7 +129,7 @@ class PoolBuilder(PyBuilder):
             except FutureTimeout:
                 path, error = None, f"build timeout: killed after {self.timeout_s:g} s"
             except Exception as err:  # a worker that died: the candidate is a failed build
-                path, error = None, error_text(f"{type(err).__name__}: {err}")
+                path, error = None, exception_text(err)
             results.append(BuilderResult(path, error))
         signals.check()
         return results
@@ -177,6 +184,11 @@ class CheckedRunner(PyRunner):
         pool = getattr(self.runner, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+def exception_text(err: BaseException) -> str:
+    """An exception as the dataset's error text: its type and message (:func:`error_text`)."""
+    return error_text(f"{type(err).__name__}: {err}")
 
 
 def error_text(message: Any, limit: int = 4000) -> str:
