@@ -3,6 +3,7 @@ resuming after SIGKILL without a lost or duplicated row, the spec, and bad input
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -165,3 +166,57 @@ def test_an_export_folder_that_is_not_a_database_is_refused_untouched(tmp_path):
                 "--export-database", str(folder), timeout=120)
     assert done.returncode == 2 and "not a MetaSchedule database" in done.stderr
     assert [p.name for p in folder.iterdir()] == ["notes.txt"] and not (tmp_path / "ds.sqlite").exists()
+
+
+def test_a_records_folder_holds_the_rows_and_resumes_without_loading_a_model(sampled, tmp_path, monkeypatch):
+    from opbench.dataset import records
+    from opbench.pipeline.sample import sample
+
+    job, result = sampled
+    folder = tmp_path / "records"
+    manifest = records.pack(job.dataset, folder, max_file_bytes=1)  # one row per file: the split is exercised
+    rows = _trials(Path(job.dataset))
+    assert manifest["records"] == len(rows) and manifest["tasks"] == len(result.tasks)
+    assert len([f for f in manifest["files"] if f["name"].startswith("records-")]) == len(rows)
+    back = {(r["workload_id"], r["trial"]): r for r in records.read_rows(folder)}
+    assert len(back) == len(rows)
+    for row in rows:  # every column comes back, the trace rebuilt from its sketch and decisions
+        got = back[(row["workload_id"], row["trial"])]
+        for name, value in row.items():
+            if name in ("id", "run_id", "knobs"):
+                continue
+            if name in ("trace", "run_secs", "audit_secs") and value is not None:
+                assert json.loads(got[name]) == json.loads(value), name
+            else:
+                assert got[name] == value, name
+    frame = records.read(folder)
+    assert len(frame) == len(rows) and frame["run_secs"].map(len).min() >= 5
+
+    fresh = tmp_path / "fresh.sqlite"  # a new machine: the shipped folder only
+    assert records.unpack(folder, fresh) == {"tasks": len(result.tasks), "trials": len(rows)}
+    assert records.unpack(folder, fresh) == {"tasks": 0, "trials": 0}  # nothing twice
+
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("the model was loaded although its tasks are in the dataset")
+
+    monkeypatch.setattr("opbench.models.load_workload", no_loading)
+    again = sample(dataclasses.replace(job, dataset=str(fresh), export_database=None, audit=0.0), command="test")
+    assert again.stats.records == 0 and again.stored == len(rows) == len(_trials(fresh))
+
+
+def test_a_records_folder_that_does_not_match_its_manifest_is_refused(sampled, tmp_path):
+    from opbench.dataset import records
+    from opbench.errors import OpBenchError
+
+    job, _ = sampled
+    folder = tmp_path / "records"
+    records.pack(job.dataset, folder)
+    (folder / "records-00000.parquet").write_bytes(b"PAR1 not what was written")
+    with pytest.raises(OpBenchError, match="does not match manifest.json"):
+        records.read_rows(folder)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(OpBenchError, match="holds other files"):
+        records.pack(job.dataset, mine)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -72,3 +72,17 @@ def test_a_small_space_is_exhausted_early():
     got = list(sample_task(mod, tuning_target(tvm.target.Target("llvm")), 50, seed=0, patience=30, stats=stats))
     assert 1 <= len(got) < 50 and stats.exhausted and stats.attempts < 200
     del tirx
+
+
+def test_a_long_compiler_error_keeps_its_errors_not_its_warnings():
+    from opbench.tune.measure import error_text
+
+    warning = 'k.cu(451): warning #177-D: variable "cse_v16" was declared but never referenced\n    int x = 1;\n' \
+              '        ^\n\n'
+    message = ("RuntimeError: NVRTC compilation failed:\n" + warning * 200
+               + 'k.cu(12): error: identifier "half4" is undefined\n    half4 v;\n    ^\n\n'
+               + "1 error detected in the compilation of \"k.cu\".")
+    text = error_text(message)
+    assert 'identifier "half4" is undefined' in text and "warning #" not in text
+    assert text.startswith("RuntimeError: NVRTC compilation failed:") and len(text) <= 4000
+    assert error_text("short: warning #1 stays") == "short: warning #1 stays"  # short messages are kept whole

@@ -337,6 +337,24 @@ class Dataset:
         with self.guard(), self.conn:
             self.conn.execute(sql, [_encode(row[c]) for c in names])
 
+    def put_many(self, table: str, rows: list[dict[str, Any]], replace: bool = False) -> int:
+        """Insert rows in one transaction (each row's columns are those of the first row); a row already
+        there with the same key is kept, or replaced with ``replace``. Returns how many were written."""
+        if not rows:
+            return 0
+        columns = [name for name, _ in TABLES[table][0]]
+        names = [c for c in ["run_id", *columns] if c in rows[0]]
+        unknown = set(rows[0]) - set(names)
+        missing = [c for c in TABLES[table][1] if c not in names]
+        if unknown or missing:
+            raise KeyError(f"bad rows for {table}: unknown {sorted(unknown)}, missing key columns {missing}")
+        sql = (f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO {table} ({', '.join(names)}) "
+               f"VALUES ({', '.join('?' for _ in names)})")
+        with self.guard(), self.conn:
+            before = self.conn.total_changes
+            self.conn.executemany(sql, ([_encode(row.get(c)) for c in names] for row in rows))
+            return self.conn.total_changes - before
+
     def append(self, table: str, row: dict[str, Any], counter: str) -> int:
         """Insert ``row`` with its key column ``counter`` set to one more than the largest value among
         the rows that share the rest of its key (0 for the first), in one statement: rows appended by

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +73,8 @@ class SampleJob(Spec):
     tasks_limit:
         Sample only the first N tasks (heaviest first, by uses × FLOPs).
     time_limit_s:
-        Start no new candidate after this many seconds of the pipeline (what is built is still measured;
-        the same job again resumes).
+        Start no new candidate (and load no further model) after this many seconds of the job, loading
+        models included (what is built is still measured; the same job again resumes).
     dataset:
         The SQLite dataset the rows go to.
     export_database:
@@ -213,8 +215,14 @@ def check_export_folder(folder: str | Path) -> None:
     check_database(path, write=True)
 
 
-def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any) -> list[SampledTask]:
-    """Every task of every point, de-duplicated by structural hash (module docstring, step 1)."""
+def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dataset: Dataset | None = None,
+            store: Callable[[list[SampledTask]], None] | None = None, deadline: float | None = None
+            ) -> list[SampledTask]:
+    """Every task of every point, de-duplicated by structural hash (module docstring, step 1). A point whose
+    tasks ``dataset`` already holds (a resumed job, or records unpacked from a shipped folder) is not
+    loaded again: its tasks come from the ``tasks`` table. ``store`` is given the tasks of each point
+    extracted (so that a run stopped later extracts it no more); after ``deadline`` (``time.monotonic``)
+    no further model is loaded."""
     import tvm_ffi
 
     from ..models import load_workload
@@ -224,8 +232,25 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any) -> 
     from .tune import extracted_tasks
 
     tasks: dict[str, SampledTask] = {}
+    touched: dict[str, SampledTask] = {}
     ms_target = tuning_target(target)
+    stored = _stored_tasks(dataset, canonical_target(ms_target)) if dataset is not None else []
     for i, (name, batch, dtype) in enumerate(points, 1):
+        point = (job.source, name, batch, dtype)
+        known = [(t, u) for t in stored for u in t.uses
+                 if (u["source"], u.get("requested", u["model"]), u["batch_size"], u["dtype"]) == point]
+        if known:
+            for task, use in known:
+                if task.key not in tasks:
+                    tasks[task.key] = dataclasses.replace(task, uses=[])
+                tasks[task.key].uses.append(use)
+            log.info("[%d/%d] %s (batch %d, %s): %d tasks, from the dataset", i, len(points), name, batch, dtype,
+                     len(known))
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("the time limit passed while extracting tasks: %d of %d models not loaded (the same job "
+                        "again goes on from there)", len(points) - i + 1, len(points))
+            break
         with announced(f"[{i}/{len(points)}] extracting the tasks of {name} (batch {batch}, {dtype})"):
             workload = load_workload(job.source, name, batch, dtype=dtype)
             extracted = extracted_tasks(workload, target)
@@ -233,15 +258,32 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any) -> 
             mod = task.dispatched[0]
             key = digest({"task": format(tvm_ffi.structural_hash(mod) & (2**64 - 1), "016x"),
                           "target": canonical_target(ms_target)})
-            use = {"model": workload.name, "source": workload.source, "batch_size": workload.batch_size,
-                   "dtype": workload.dtype, "workload_id": workload.workload_id, "task": task.task_name,
-                   "weight": int(task.weight)}
+            use = {"model": workload.name, "requested": name, "source": workload.source,
+                   "batch_size": workload.batch_size, "dtype": workload.dtype, "workload_id": workload.workload_id,
+                   "task": task.task_name, "weight": int(task.weight)}
             if key not in tasks:
                 tasks[key] = SampledTask(key, task.task_name, mod, dtype, space_kind(target, dtype), _flops(mod), [])
             tasks[key].uses.append(use)
+            touched[key] = tasks[key]
+        if store is not None:
+            store(list(touched.values()))
+        touched.clear()
         log.info("%s (batch %d, %s): %d tasks, %d distinct so far", name, batch, dtype, len(extracted), len(tasks))
     ordered = sorted(tasks.values(), key=lambda t: -t.weight * max(t.flops, 1.0))
     return ordered[: job.tasks_limit] if job.tasks_limit else ordered
+
+
+def _stored_tasks(dataset: Dataset, target_json: str) -> list[SampledTask]:
+    """The tasks a dataset holds for this target, with every use recorded."""
+    import tvm
+
+    out = []
+    for row in dataset.rows("tasks", {"target": target_json}):
+        uses = json.loads(row["uses"]) if row["uses"] else []
+        if uses:
+            out.append(SampledTask(row["workload_id"], row["task"], tvm.ir.load_json(row["mod"]), row["dtype"],
+                                   row["space"], float(row["flops"] or 0.0), uses))
+    return out
 
 
 def _flops(mod: Any) -> float:
@@ -280,17 +322,23 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     uuids = {d: (gpu_uuid(d) if is_gpu(target) else None) for d in devices}
     tags = environment_tags(target)
     dev_id = device_id(target)
+    start = time.monotonic()
     with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
-        tasks = extract(job, points, target)
+        def store(touched: list[SampledTask]) -> None:  # one transaction per model: its tasks, or none
+            dataset.put_many("tasks", [_task_row(dataset, t, ms_target, run.run_id, tvm.ir.save_json(t.mod),
+                                                 _args_info(t.mod)) for t in touched], replace=True)
+
+        tasks = extract(job, points, target, dataset, store, start + job.time_limit_s if job.time_limit_s else None)
         log.info("%d distinct tasks from %d models; %d candidates each", len(tasks), len(points), job.per_task)
-        farm_tasks = []
+        farm_tasks, task_rows = [], []
         for task in tasks:
             mod_json, args_info = tvm.ir.save_json(task.mod), _args_info(task.mod)  # once: stored and sent
-            _store_task(dataset, task, ms_target, run.run_id, mod_json, args_info)
+            task_rows.append(_task_row(dataset, task, ms_target, run.run_id, mod_json, args_info))
             key = model_key(task.key, dev_id, config, job.flush_l2)
             done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
             farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
                                        args_info, done))
+        dataset.put_many("tasks", task_rows, replace=True)
         by_key = {t.key: t for t in tasks}
 
         def row_key(task: FarmTask) -> dict[str, Any]:
@@ -325,7 +373,9 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
 
         farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
                                Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
-                               job.run_timeout_s, job.audit, job.compiler, time_limit_s=job.time_limit_s), sink,
+                               job.run_timeout_s, job.audit, job.compiler,
+                               time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
+                               if job.time_limit_s else None), sink,
                     on_sampled, on_audit)
         stats = farm.run(farm_tasks)
         stored = sum(dataset.count("trials", {**model_key(t.key, dev_id, config, job.flush_l2), "tuner": "sample"})
@@ -336,8 +386,8 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     return SampleResult(job, run.run_id, tasks, stats, stored, exported)
 
 
-def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, mod_json: str,
-                args_info: list[Any]) -> None:
+def _task_row(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, mod_json: str,
+              args_info: list[Any]) -> dict[str, Any]:
     """The task's row: its module once, and the union of the models that use it."""
     from ..runtime.target import canonical_target
 
@@ -346,12 +396,10 @@ def _store_task(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int
     for use in task.uses:
         if use not in uses:
             uses.append(use)
-    dataset.put("tasks", {"workload_id": task.key, "run_id": run_id, "task": task.name,
-                          "target": canonical_target(ms_target), "dtype": task.dtype,
-                          "space": task.space, "mod": mod_json, "args_info": args_info,
-                          "flops": task.flops, "uses": uses,
-                          "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
-                          "created_at": old["created_at"] if old else now()})
+    return {"workload_id": task.key, "run_id": run_id, "task": task.name, "target": canonical_target(ms_target),
+            "dtype": task.dtype, "space": task.space, "mod": mod_json, "args_info": args_info, "flops": task.flops,
+            "uses": uses, "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
+            "created_at": old["created_at"] if old else now()}
 
 
 def _note_sampling(dataset: Dataset, key: str, job: SampleJob, stats: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -191,9 +192,24 @@ def exception_text(err: BaseException) -> str:
     return error_text(f"{type(err).__name__}: {err}")
 
 
+_WARNING = re.compile(r"^\S+\(\d+\): warning #")
+
+
 def error_text(message: Any, limit: int = 4000) -> str:
-    """An error message for the dataset: its start and, where the cause is (the end of a traceback), its end."""
+    """An error message for the dataset: its start and, where the cause is (the end of a traceback), its end.
+    A long message loses a CUDA compiler's warnings first (each a line ``file(line): warning #...`` and the
+    lines up to the next blank one), so that the compiler's errors are what is kept."""
     text = str(message).strip()
+    if len(text) > limit:
+        kept, skipping = [], False
+        for line in text.splitlines():
+            if _WARNING.match(line):
+                skipping = True
+            elif skipping and not line.strip():
+                skipping = False
+            elif not skipping:
+                kept.append(line)
+        text = "\n".join(kept).strip()
     if len(text) <= limit:
         return text
     return text[: limit // 4] + "\n[...]\n" + text[-(limit - limit // 4):]

@@ -1,0 +1,122 @@
+"""Collect the shipped tensor-program records (``data/dataset/``) with ``opbench sample``, resumably.
+
+The collection is a list of sampling jobs (:data:`PLAN`, each a ``SampleJob`` as JSON, run with
+``opbench sample --config``). One invocation of this script works for ``--budget`` seconds:
+
+1. If the working dataset (``--dataset``) does not exist yet, the records folder (``--records``) is unpacked
+   into it: its tasks (no model is loaded again) and its records (none is measured again).
+2. The jobs run in order, each with ``--time-limit`` set to what is left of the budget; a finished job
+   costs a few seconds (every candidate is stored); the next invocation resumes where this one stopped.
+3. The working dataset is packed into ``OUT/records.tar`` (the records folder: Parquet, zstd, files of at
+   most 8 MiB) and ``OUT/collect.json`` says what each job stored, how fast, and the totals.
+
+Regenerate the shipped records from nothing (each call resumes the last; repeat until every job is done):
+
+    PYTHONPATH=python python3 scripts/collect_records.py --records data/dataset --out DIR
+    tar -xf DIR/records.tar -C data/dataset
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import ROOT, run_opbench  # noqa: E402
+
+SIMPLE = ["matmul:n=256", "matmul:n=512", "matmul:n=1024", "matmul:n=2048", "matmul_matmul_add", "branchy",
+          "ios_block", "kernels"]
+#: the collection, in order: breadth first (every model at one precision), then the other precisions and batch 8
+PLAN: list[dict] = [
+    {"source": "local", "models": ["all"], "dtypes": ["float16"], "batch_sizes": [1]},
+    {"source": "transformers", "models": ["all"], "dtypes": ["float16"], "batch_sizes": [1]},
+    {"source": "simple", "models": SIMPLE, "dtypes": ["float16", "float32"], "batch_sizes": [1]},
+    {"source": "local", "models": ["all"], "dtypes": ["float32"], "batch_sizes": [1]},
+    {"source": "transformers", "models": ["all"], "dtypes": ["float32"], "batch_sizes": [1]},
+    {"source": "local", "models": ["all"], "dtypes": ["bfloat16"], "batch_sizes": [1]},
+    {"source": "transformers", "models": ["all"], "dtypes": ["bfloat16"], "batch_sizes": [1]},
+    {"source": "local", "models": ["all"], "dtypes": ["float16"], "batch_sizes": [8]},
+    {"source": "transformers", "models": ["all"], "dtypes": ["float16"], "batch_sizes": [8]},
+]
+COMMON = {"target": "cuda", "per_task": 16, "seed": 0, "audit": 0.02}
+
+
+def _count(dataset: Path) -> int:
+    if not dataset.exists():
+        return 0
+    with sqlite3.connect(dataset) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM trials WHERE tuner='sample'").fetchone()[0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for records.tar, collect.json and the log")
+    parser.add_argument("--records", default="data/dataset", help="the records folder to resume from")
+    parser.add_argument("--dataset", default="/tmp/opbench-records/records.sqlite", help="the working dataset")
+    parser.add_argument("--budget", type=float, default=520.0, help="seconds of sampling in this invocation")
+    parser.add_argument("--per-task", type=int, default=COMMON["per_task"])
+    parser.add_argument("--jobs", default=None, help="indices of PLAN to run, comma-separated (default: all)")
+    args = parser.parse_args()
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = Path(args.dataset)
+    dataset.parent.mkdir(parents=True, exist_ok=True)
+    records = Path(args.records)
+    from opbench.dataset import records as packed
+
+    summary: dict = {"budget_s": args.budget, "per_task": args.per_task, "jobs": []}
+    if not dataset.exists() and (records / "manifest.json").is_file():
+        summary["unpacked"] = packed.unpack(records, dataset)
+        print(f"unpacked {records}: {summary['unpacked']}", flush=True)
+    summary["records_before"] = _count(dataset)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    chosen = [int(i) for i in args.jobs.split(",")] if args.jobs else range(len(PLAN))
+    for index in chosen:
+        left = args.budget - (time.monotonic() - start)
+        if left < 90:  # too little for a job's start (tasks from the dataset, workers) and some sampling
+            break
+        job = {**COMMON, **PLAN[index], "per_task": args.per_task, "dataset": str(dataset)}
+        config = out / f"job{index}.json"
+        config.write_text(json.dumps(job))
+        before = _count(dataset)
+        code, wall, text = run_opbench(["sample", "--config", str(config), "--time-limit", f"{left - 60:.0f}",
+                                        "--json", str(out / f"job{index}.summary.json"), "-q"], env,
+                                       out / "collect.log", limit=left + 240)
+        stored = _count(dataset) - before
+        result = json.loads((out / f"job{index}.summary.json").read_text()) \
+            if (out / f"job{index}.summary.json").exists() else {}
+        for name in (f"job{index}.json", f"job{index}.summary.json"):
+            (out / name).unlink(missing_ok=True)
+        summary["jobs"].append({"index": index, "job": PLAN[index], "exit": code, "wall_s": round(wall, 1),
+                                "stored": stored, "records_per_s": round(stored / wall, 2) if wall else None,
+                                "tasks": result.get("tasks"), "summary": result})
+        print(f"job {index} {PLAN[index]}: exit {code}, {stored} new records in {wall:.0f} s", flush=True)
+        if code != 0:
+            print(text[-3000:], flush=True)
+    summary["records_after"] = _count(dataset)
+    folder = out / "records"
+    manifest = packed.pack(dataset, folder)
+    with tarfile.open(out / "records.tar", "w") as tar:
+        for file in sorted(folder.iterdir()):
+            tar.add(file, arcname=file.name)
+    for file in folder.iterdir():
+        file.unlink()
+    folder.rmdir()
+    summary["manifest"] = {k: v for k, v in manifest.items() if k != "files"}
+    summary["bytes"] = sum(f["bytes"] for f in manifest["files"])
+    summary["wall_s"] = round(time.monotonic() - start, 1)
+    (out / "collect.json").write_text(json.dumps(summary, indent=1))
+    print(f"records: {summary['records_before']} -> {summary['records_after']} "
+          f"({summary['bytes'] / 2**20:.1f} MiB packed) in {summary['wall_s']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
