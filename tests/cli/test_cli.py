@@ -28,6 +28,7 @@ def populated(tmp_path_factory):
     return path, proc
 
 
+@pytest.mark.slow
 def test_collect_writes_one_row_per_operator(populated):
     path, proc = populated
     assert count_rows(path) == 1 + 2 * 2 + 2
@@ -43,6 +44,7 @@ def test_collect_writes_one_row_per_operator(populated):
     assert vm > 0 and err < 1e-5
 
 
+@pytest.mark.slow
 def test_rerun_skips_and_force_remeasures(populated, tmp_path):
     path, _ = populated
     again = run("--modelsource", "simple", "--modelname", SMALL, "--dataset", str(path), *FAST)
@@ -169,6 +171,7 @@ def test_debug_shows_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_ifcompare_prints_the_table(tmp_path):
     sched = tmp_path / "kept.json"
     proc = run("--modelsource", "simple", "--modelname", SMALL, "--dataset", str(tmp_path / "d.sqlite"),
@@ -212,6 +215,7 @@ def test_ifcompare_prints_the_table(tmp_path):
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_command_errors(tmp_path):
     proc = run("compare", "--modelsource", "simple", "--modelname", "matmul", "--backend", "torch", script=False)
     assert proc.returncode == 2 and "--backend torch needs a torch model" in proc.stderr
@@ -243,6 +247,7 @@ def test_parse_bool(text, value):
     assert parse_bool(text) is value
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path):
     path = tmp_path / "d.sqlite"
     model = "branchy:branches=3,depth=2,channels=8,size=8"
@@ -287,6 +292,7 @@ def test_format_table_handles_failed_rows():
     assert "failed" in text and text.splitlines()[2].split()[0] == "0"
 
 
+@pytest.mark.slow
 def test_compare_stages_and_measured_ios(tmp_path):
     import json
 

@@ -29,6 +29,7 @@ def _collect(path: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_graph_options_are_part_of_the_key(tmp_path):
     """Re-running with another option measures a new workload instead of "skipped N"."""
     path = tmp_path / "d.sqlite"
@@ -40,6 +41,7 @@ def test_graph_options_are_part_of_the_key(tmp_path):
     assert _query(path, "SELECT COUNT(*) FROM models") == [(2,)]
 
 
+@pytest.mark.slow
 def test_seqlen_is_part_of_the_key(tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "d.sqlite"
@@ -49,6 +51,7 @@ def test_seqlen_is_part_of_the_key(tmp_path):
     assert len(_query(path, "SELECT DISTINCT workload_id FROM operators")) == 2
 
 
+@pytest.mark.slow
 def test_two_onnx_files_named_alike(tmp_path):
     path = tmp_path / "d.sqlite"
     files = []
@@ -64,6 +67,7 @@ def test_two_onnx_files_named_alike(tmp_path):
     assert len(rows) == 2 and {r[0] for r in rows} == {"model.onnx"}
 
 
+@pytest.mark.slow
 def test_full_target_is_part_of_the_key(tmp_path):
     path = tmp_path / "d.sqlite"
     _collect(path, "--modelsource", "simple", "--modelname", SMALL)
@@ -75,6 +79,7 @@ def test_full_target_is_part_of_the_key(tmp_path):
     assert len(_query(path, "SELECT DISTINCT device_id FROM operators")) == 2
 
 
+@pytest.mark.slow
 def test_plain_rerun_leaves_the_models_row_alone(tmp_path):
     path = tmp_path / "d.sqlite"
     _collect(path, "--modelsource", "simple", "--modelname", SMALL)
@@ -109,6 +114,7 @@ def test_unrelated_sqlite_file_refused_untouched(command, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.sqlite"]
 
 
+@pytest.mark.slow
 def test_locked_dataset_one_line(tmp_path):
     path = tmp_path / "d.sqlite"
     _collect(path, "--modelsource", "simple", "--modelname", "matmul:n=8")
@@ -141,6 +147,7 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow
 def test_interrupt_during_lowering(signum, code, tmp_path):
     """Ctrl-C inside TVM's lowering stops the run (never finishes with another graph) and marks it."""
     path = tmp_path / "d.sqlite"
@@ -197,6 +204,7 @@ def test_json_to_stdout_with_run_and_environment(tmp_path):
     assert "by kind:" in proc.stderr and "#  operator" in proc.stderr
 
 
+@pytest.mark.slow
 def test_models_and_export_json(tmp_path):
     models = run("models", "--json", script=False)
     assert models.returncode == 0 and "resnet-18" in json.loads(models.stdout)["local"]

@@ -46,6 +46,7 @@ def synthetic(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_deprecated_names_warn_and_still_work(synthetic, tmp_path):
     out = run("train", "--dataset", str(synthetic), "--what", "latency", "--out", str(tmp_path / "l.opm"), "-q",
               script=False)

@@ -153,6 +153,7 @@ def _trial_state(dataset: Path, database: Path) -> tuple[int, int, int, list[str
 
 
 @pytest.mark.parametrize("databases", ["one", "two"])
+@pytest.mark.slow
 def test_concurrent_tuning_runs_lose_no_trial_row(tmp_path, databases):
     """Two tuning runs on one dataset, started a second apart: on one database the second is refused
     in one line before any work; on two databases both finish and every candidate is a row."""
@@ -231,6 +232,7 @@ def _signal_once(tmp_path: Path, signum: int, when: str) -> tuple[int, list[str]
     ("inside a task", signal.SIGTERM),
     ("after it finished", signal.SIGINT),
 ])
+@pytest.mark.slow
 def test_a_signal_ends_a_tuning_run_cleanly(tmp_path, when, signum):
     code, after, took = _signalled(tmp_path, signum, when)
     assert code == 128 + signum, (code, after)
@@ -259,6 +261,7 @@ def _can_mount() -> bool:
 
 @pytest.mark.skipif(not _can_mount(), reason="needs a private mount namespace (unshare -m) for a small file system")
 @pytest.mark.parametrize(("where", "size"), [("dataset", "400k"), ("database", "60k")])
+@pytest.mark.slow
 def test_a_full_disk_during_tuning(tmp_path, where, size):
     """The dataset, or the tuning database, on a file system that fills up during tuning: one line
     naming the file, the run marked failed, every record a row, the database still reads."""

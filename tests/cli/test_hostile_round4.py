@@ -97,6 +97,7 @@ def test_every_point_and_name_is_checked_before_any_work(tmp_path, args, message
 
 
 @pytest.mark.parametrize("how", ["link to a secret", "foreign content"])
+@pytest.mark.slow
 def test_a_tuning_database_never_echoes_a_file_that_is_not_ours(tmp_path, how):
     secret = tmp_path / "secret.txt"
     secret.write_text("password=hunter2\n")
@@ -237,6 +238,7 @@ def test_a_hostile_heldout_file_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("verbose", [False, True])
+@pytest.mark.slow
 def test_tvms_own_warnings_only_with_v(tmp_path, verbose):
     """gpt2-small printed 9 raw TVM C++ warnings ('Fast mode segfaults ...') at the default verbosity."""
     pytest.importorskip("transformers")

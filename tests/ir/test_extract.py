@@ -73,6 +73,7 @@ def test_branchy_parallel_branches():
     assert all(graph.preds(f) == [stem.index] for f in firsts)
 
 
+@pytest.mark.slow
 def test_torch_model_ops_and_attrs():
     w = load_workload("local", "resnet-18", 1, image_size=32)
     _, graph = extract_operators(w.mod)

@@ -60,6 +60,7 @@ def test_a_local_model_in_half_precision_matches_torch_in_that_precision(llvm_ta
     assert np.abs(outs[0].astype("float32") - ref).max() / np.abs(ref).max() < tol
 
 
+@pytest.mark.slow
 def test_collect_half_precision_rows_and_batch_lists(tmp_path):
     path = tmp_path / "d.sqlite"
     proc = run("--modelsource", "simple", "--modelname", "matmul:n=32", "--dtype", "fp16", "--batchsize", "1,2,1",

@@ -52,6 +52,7 @@ def test_simple_shapes_and_batch():
     assert m.inputs[0].shape == (1, 1024, 1024)
 
 
+@pytest.mark.slow
 def test_local_model_matches_torch(llvm_target):
     torch = pytest.importorskip("torch")
     w = load_workload("local", "resnet18", 1, image_size=64)
@@ -146,6 +147,7 @@ def test_onnx_bad_files(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["bert-small", "roberta-small", "gpt2-small"])
+@pytest.mark.slow
 def test_transformers_match_torch(name, llvm_target):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -31,6 +31,7 @@ def tuned_database(tmp_path_factory):
     return workload, tmp / "db"
 
 
+@pytest.mark.slow
 def test_compile_workload_default_and_tuned(tuned_database, llvm_target):
     workload, database = tuned_database
     default = compile_workload(workload, llvm_target)

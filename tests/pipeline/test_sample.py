@@ -44,6 +44,7 @@ def sampled(tmp_path_factory):
     return job, sample(job, command="test")
 
 
+@pytest.mark.slow
 def test_rows_per_task_with_status_knobs_and_timings(sampled):
     job, result = sampled
     rows = _trials(Path(job.dataset))
@@ -91,6 +92,7 @@ def test_the_export_loads_in_metaschedule_and_equals_the_rows(sampled):
     assert again == {"folder": job.export_database, "records": 0, "already_there": len(ok)}
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_without_a_lost_or_duplicated_row(tmp_path):
     dataset = tmp_path / "ds.sqlite"
     args = ["--modelsource", "simple", "--modelname", MODEL, "--per-task", "4", "--builders", "1",

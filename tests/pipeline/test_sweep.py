@@ -88,6 +88,7 @@ def test_cross_product_and_point_flags():
     assert strip_flags(["--json", "-", "--force"]) == ["--force"]
 
 
+@pytest.mark.slow
 def test_a_real_sweep_keeps_the_good_points(tmp_path):
     path = tmp_path / "d.sqlite"
     models = "matmul:n=16,matmul:n=24"
@@ -106,6 +107,7 @@ def test_a_real_sweep_keeps_the_good_points(tmp_path):
     assert again.returncode == 0 and "4 of 4 points finished (4 in an earlier run)" in again.stdout, again.stdout
 
 
+@pytest.mark.slow
 def test_a_cuda_sweep_leaves_the_gpu_to_its_points(tmp_path, monkeypatch):
     """The parent of a sweep on plain ``--target cuda`` reads no GPU (it once refused such a sweep as a
     remote GPU without ``arch``): each point resolves the target itself, here with no GPU to find."""
@@ -141,6 +143,7 @@ def test_cpu_workers_split_the_cores():
         cpu_groups(len(cores) + 1)
 
 
+@pytest.mark.slow
 def test_a_cpu_sweep_over_two_workers(tmp_path):
     """--devices 0,1 with a CPU target: two workers, each pinned to its half of the cores with its thread pools
     sized to it; every point's rows written once."""

@@ -18,6 +18,7 @@ SHIPPED = ROOT / "data" / "dataset" / "h100.sqlite.gz"
 pytest.importorskip("xgboost")
 
 
+@pytest.mark.slow
 def test_train_json_has_the_documented_fields(synthetic, tmp_path):
     out = run("train", "--dataset", str(synthetic), "--what", "latency", "--split", "by_model", "--out",
               str(tmp_path / "m.opm"), "--json", str(tmp_path / "m.json"), "--folds", "3", script=False)

@@ -65,6 +65,7 @@ def test_predicted_schedulers_make_valid_named_schedules():
     assert get_scheduler(greedy) is greedy
 
 
+@pytest.mark.slow
 def test_compare_with_predicted_costs(tmp_path):
     from opbench.predict import train
 

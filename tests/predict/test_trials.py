@@ -28,6 +28,7 @@ def tuned(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow
 def test_trials_predictor_ranks_held_out_tasks(tuned, tmp_path):
     result = train(tuned / "d.sqlite", "trials", "by_task", tmp_path / "trials.opm", folds=2)
     assert result["n_test"] >= 20 and {h["model"] for h in result["held_out"]} == {"matmul"}
@@ -38,6 +39,7 @@ def test_trials_predictor_ranks_held_out_tasks(tuned, tmp_path):
     assert model.meta["tasks"] == 2 and model.cost_model().data_size == result["n_test"]
 
 
+@pytest.mark.slow
 def test_pretrained_cost_model_in_a_short_tuning_run(tuned, tmp_path):
     from opbench.pipeline.tune import load_pretrained, tune_workload
     from opbench.runtime import resolve_target

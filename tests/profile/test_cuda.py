@@ -38,10 +38,10 @@ def test_simple_replay_cuda(name, cuda_target):
     assert err < 1e-5
 
 
-QUICK = {"resnet-18", "googlenet", "mobilenet"}  # every zoo model with --slow, as on the CPU
+QUICK = {"resnet-18", "googlenet", "mobilenet"}  # every zoo model with --zoo, as on the CPU
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.slow])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.zoo])
                                   for n in sorted(list_sources()["local"])])
 def test_local_replay_cuda(name, cuda_target):
     w = load_workload("local", name, 1, image_size=SIZES.get(name, 64))

@@ -57,6 +57,7 @@ def test_unreachable_tracker_is_one_line_within_the_timeout(tmp_path, monkeypatc
     assert not (tmp_path / "d.sqlite").exists()  # refused before any work
 
 
+@pytest.mark.slow
 def test_unknown_key_names_the_keys_there(tracker, tmp_path):
     proc = run(*MODEL, "--dataset", str(tmp_path / "d.sqlite"), "--rpc-tracker", tracker, "--rpc-key", "a100",
                *FAST)
@@ -64,6 +65,7 @@ def test_unknown_key_names_the_keys_there(tracker, tmp_path):
     assert f"no device registered with key 'a100' at RPC tracker {tracker} (keys there: loopback)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_collect_over_rpc_writes_rows_of_the_remote_device(tracker, tmp_path):
     path = tmp_path / "d.sqlite"
     remote = run(*MODEL, "--dataset", str(path), "--rpc-tracker", tracker, "--rpc-key", "loopback", *FAST,
@@ -121,6 +123,7 @@ def test_rpc_timeout_setting_is_checked(monkeypatch):
     assert RPCSpec.parse("h:1", "k").timeout_s == 2.5
 
 
+@pytest.mark.slow
 def test_tuning_spreads_over_two_loopback_servers(tmp_path):
     """One tracker, two rpc_servers with the same key (as one per GPU of a host): with --rpc-workers left
     at its default, the tuner measures candidates on both, and every trial is kept once."""

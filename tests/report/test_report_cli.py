@@ -16,6 +16,7 @@ pytest.importorskip("xgboost")
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped dataset is not in this checkout")
+@pytest.mark.slow
 def test_report_on_the_shipped_dataset(tmp_path):
     pytest.importorskip("matplotlib")
     out = run("report", "--dataset", str(SHIPPED), "--out", str(tmp_path / "r"), script=False, timeout=600)
@@ -28,6 +29,7 @@ def test_report_on_the_shipped_dataset(tmp_path):
     assert len(re.findall("data:image/png;base64,", page)) == 6 and "Not drawn" not in page
 
 
+@pytest.mark.slow
 def test_report_says_what_is_missing(synthetic, tmp_path):
     pytest.importorskip("matplotlib")
     out = run("report", "--dataset", str(synthetic), "--out", str(tmp_path / "r"), script=False)
@@ -37,6 +39,7 @@ def test_report_says_what_is_missing(synthetic, tmp_path):
     assert (tmp_path / "r" / "roofline.png").exists() and not (tmp_path / "r" / "tuning_curves.png").exists()
 
 
+@pytest.mark.slow
 def test_report_counts_agree_and_nothing_is_trained(synthetic, tmp_path, monkeypatch):
     """The counts the report states equal its tables' and its figures' on a fixture dataset; it draws the
     held-out predictions 'opbench train --out' stored, with XGBoost unimportable (nothing is trained)."""

@@ -56,6 +56,7 @@ def test_every_backend_kind_is_tested():
 
 
 @pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.slow
 def test_a_parallel_run_equals_the_model(kind, llvm_target):
     backend, reference = MAKERS[kind](llvm_target)
     assert backend.name == kind

@@ -81,6 +81,7 @@ def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
         torch.testing.assert_close(out[0], model(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path):
     from opbench import capturer, optimize
     from opbench.schedule import Schedule

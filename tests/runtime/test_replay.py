@@ -13,6 +13,7 @@ SIMPLE_NAMES = {"matmul": "matmul:n=256", "matmul_matmul_add": "matmul_matmul_ad
 
 
 @pytest.mark.parametrize("name", sorted(list_sources()["simple"]))
+@pytest.mark.slow
 def test_simple_replay(name, llvm_target):
     model = SIMPLE_NAMES.get(name, name)
     err, outs, graph = replay_vs_vm(load_workload("simple", model, 1), llvm_target)
@@ -20,13 +21,14 @@ def test_simple_replay(name, llvm_target):
     assert len(graph) >= 1 and outs[0].size > 0
 
 
-# every zoo model is checked with --slow; by default three that cover its kinds of graph: a chain,
+# every zoo model is checked with --zoo; by default three that cover its kinds of graph: a chain,
 # branches that join (inception blocks), depthwise convolutions
 QUICK = {"resnet-18", "googlenet", "mobilenet"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.slow])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.zoo])
                                   for n in sorted(list_sources()["local"])])
+@pytest.mark.slow
 def test_local_replay(name, llvm_target):
     pytest.importorskip("torchvision")
     w = load_workload("local", name, 1, image_size=LOCAL_SIZES.get(name, 64))

@@ -45,6 +45,7 @@ def check_trace(tmp_path, target: str, lane: str, *extra: str) -> dict:
     return trace
 
 
+@pytest.mark.slow
 def test_compare_trace_on_the_cpu(tmp_path):
     check_trace(tmp_path, "llvm", "thread")
 

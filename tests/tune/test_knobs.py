@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from opbench.tune.knobs import decode_knobs, knob_vector
 
 TRACE = [[
@@ -44,6 +46,7 @@ def test_perfect_tilings_counts():
     assert perfect_tilings(32, 4, 64) == 56  # C(5+3, 3)
 
 
+@pytest.mark.slow
 def test_configspace_command_writes_valid_json(tmp_path):
     import json
 

@@ -22,6 +22,7 @@ def fresh_reasons(monkeypatch):
     monkeypatch.setattr(spaces, "_said", set())
 
 
+@pytest.mark.slow
 def test_configspace_of_a_float16_model_uses_wmma_without_a_gpu(tmp_path):
     out = tmp_path / "space.json"
     proc = run("configspace", "--modelsource", "simple", "--modelname", "ios_block:channels=32,size=14", "--dtype",

@@ -66,6 +66,7 @@ def test_every_tuner_records_trials_and_applies_the_best(name, tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_continues_towards_trials(tmp_path):
     _, _, first, _ = _tune(tmp_path, "random", trials=2)
     _, _, second, rows = _tune(tmp_path, "random", trials=5)
@@ -127,6 +128,7 @@ def test_database_for_another_target_is_refused(tmp_path):
         applied_database(tmp_path / "db", run.extracted, other)
 
 
+@pytest.mark.slow
 def test_collect_iftune_cli(tmp_path):
     from helpers import run
 
@@ -151,6 +153,7 @@ def test_collect_iftune_cli(tmp_path):
     assert summary["config"] in configs
 
 
+@pytest.mark.slow
 def test_collect_with_database_uses_tuned_kernels(tmp_path):
     from helpers import run
 
@@ -164,6 +167,7 @@ def test_collect_with_database_uses_tuned_kernels(tmp_path):
     assert missing.returncode == 2 and "tuning database not found" in missing.stderr
 
 
+@pytest.mark.slow
 def test_pool_builder_builds_in_worker_processes(tmp_path, monkeypatch):
     import opbench.pipeline.tune as job
     from opbench.tune.measure import PoolBuilder
