@@ -4,6 +4,7 @@ short or of the wrong format. Each case is one row of a table; commands run as a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -264,3 +265,31 @@ def test_a_signal_in_the_interpreters_last_moments_is_ignored():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
     assert done.returncode == 0 and done.stdout.strip() == "alive"
+
+
+@pytest.mark.parametrize("entry", ["opbench", "op_performance_collector.py"])
+@pytest.mark.parametrize("moment", ["while modules import", "while the model loads"])
+def test_a_signal_at_any_moment_of_a_start_is_one_line_and_130(entry, moment, tmp_path):
+    """Ctrl-C as the command starts (its modules importing) or while the model loads: exit 130 and the one
+    'interrupted' line, never a KeyboardInterrupt traceback or exit -2. The moment "while modules import" is
+    found with ``python -X importtime`` (a line per finished import): the signal follows the import of
+    ``opbench.signals``, while the command's own modules are still to import."""
+    script = ["-m", "opbench", "collect"] if entry == "opbench" else \
+        [str(ROOT / "python" / "performance_collector" / "op_performance_collector.py")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", *script, "--modelsource", "local", "--modelname",
+                             "resnet-18", "--target", "llvm", "--dataset", str(tmp_path / "d.sqlite")], env=env,
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = "| opbench.signals" if moment == "while modules import" else "loading local model"
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.rstrip().endswith(marker) or marker in line and not line.startswith("import time"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    mine = [line for line in err.splitlines() if not line.startswith("import time")]
+    assert mine[-1].endswith("interrupted; every finished measurement is in the dataset"), mine

@@ -307,8 +307,8 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     """Run a sampling job (see the module docstring); every field of ``job`` is checked first."""
     import tvm
 
+    from ..profile.cuda import gpu_tags
     from ..profile.env import device_id, environment_tags
-    from ..runtime.device import gpu_uuid
     from ..runtime.target import canonical_target, is_gpu, resolve_target, tuning_target
     from ..tune.farm import Farm, FarmConfig, FarmTask, Record, Timing
     from ..tune.knobs import decode_knobs
@@ -319,8 +319,9 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     target_json = canonical_target(ms_target)
     config = f"sample:s{job.seed}"
     devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
-    uuids = {d: (gpu_uuid(d) if is_gpu(target) else None) for d in devices}
     tags = environment_tags(target)
+    # each GPU's own columns (name, SMs, driver, CUDA, clock at the start, UUID) on the rows it measured
+    device_tags = {d: (gpu_tags(d) if is_gpu(target) else {"gpu_uuid": None}) for d in devices}
     dev_id = device_id(target)
     start = time.monotonic()
     with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
@@ -361,7 +362,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                 "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
                 "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
                 "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
-                "spread": record.spread, "build_s": record.build_s, "gpu_uuid": uuids.get(record.device),
+                "spread": record.spread, "build_s": record.build_s, **device_tags[record.device],
                 "measured_at": now()})
 
         def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:

@@ -40,15 +40,29 @@ UNROLL_S = 100e-6
 MAX_UNROLL = 64
 
 
-def _nvidia_smi(fields: str) -> list[str] | None:
+def _nvidia_smi(fields: str, index: int | None = None) -> list[str] | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", gpu_uuid()],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i",
+                              gpu_uuid(index)],
                              capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     return [x.strip() for x in out.strip().splitlines()[0].split(",")] if out.strip() else None
+
+
+def gpu_tags(index: int | None = None) -> dict[str, Any]:
+    """The environment columns of CUDA device ``index`` (default: :func:`gpu_index`) at the start of a run: its
+    name, SMs, memory, driver, CUDA runtime, SM clock now and UUID (PyTorch and nvidia-smi)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(gpu_index() if index is None else index)
+    smi = _nvidia_smi("driver_version,clocks.sm", index)
+    return {"gpu_name": props.name, "gpu_sm_count": props.multi_processor_count,
+            "gpu_memory_mb": props.total_memory // (1 << 20), "gpu_driver": smi[0] if smi else None,
+            "cuda_runtime": torch.version.cuda, "gpu_clock_start_mhz": _int(smi[1]) if smi else None,
+            "gpu_uuid": gpu_uuid(index)}
 
 
 def _int(text: str | None) -> int | None:
@@ -150,14 +164,8 @@ class CudaProfiler(Profiler):
 
     # environment -------------------------------------------------------------------------
     def tags(self) -> dict[str, Any]:
-        """GPU tags at the start of a run."""
-        smi = _nvidia_smi("driver_version,clocks.sm")
-        return {
-            "gpu_name": self.props.name, "gpu_sm_count": self.props.multi_processor_count,
-            "gpu_memory_mb": self.props.total_memory // (1 << 20),
-            "gpu_driver": smi[0] if smi else None, "cuda_runtime": self.torch.version.cuda,
-            "gpu_clock_start_mhz": _int(smi[1]) if smi else None, "gpu_uuid": gpu_uuid(),
-        }
+        """GPU tags at the start of a run (:func:`gpu_tags`)."""
+        return gpu_tags()
 
     def run_facts(self) -> dict[str, Any]:
         """The GPU's peak figures (:func:`device_figures`) and L2 size, for the report's roofs."""
