@@ -5,6 +5,9 @@ it stored, then writes one JSON summary to ``--out``:
 
 * ``compilers``: the same tasks sampled with ``--cuda-compiler nvcc`` and with ``nvrtc``, side by side:
   build seconds per candidate, records per second, the share of builds that hit the timeout;
+* ``before-after``: records per second of a tuning run (``opbench collect --iftune true --trials N``, the
+  only way to get schedule records before ``opbench sample``) and of ``opbench sample`` on the same model,
+  one after the other: trial rows stored over the command's wall time;
 * ``main``: the tasks of ``--models`` (``source:name`` items) at ``--dtypes``: records per second over the
   whole run and in steady state (from the 10th percentile of the rows' ``measured_at`` to the last), where
   the time went, how busy builders and each device were, the share of records whose repeat spread is at
@@ -15,6 +18,8 @@ it stored, then writes one JSON summary to ``--out``:
         --dtypes float32,float16 --time-limit 240 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --target llvm --models simple:matmul:n=128 \
         --dtypes float32 --per-task 8 --out DIR   # a CPU check
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase before-after --target llvm \
+        --models local:resnet-18 --tasks 4 --per-task 16 --out DIR
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -80,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/opbench-bench-sample")
-    parser.add_argument("--phase", choices=["compilers", "main"], default="main")
+    parser.add_argument("--phase", choices=["compilers", "main", "before-after"], default="main")
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--models", default="local:resnet-50,transformers:bert")
     parser.add_argument("--dtypes", default="float32,float16")
@@ -105,6 +111,31 @@ def main() -> None:
             s = run["summary"]
             run["build_s_per_candidate"] = s["seconds"]["build"] / max(s["records"], 1) if s else None
             result[compiler] = run
+    elif args.phase == "before-after":
+        source, _, model = args.models.split(",")[0].partition(":")
+        tuned = work / "before.sqlite"
+        tuned.unlink(missing_ok=True)
+        shutil.rmtree(work / "before-db", ignore_errors=True)
+        trials = args.per_task * (args.tasks or 4)
+        cmd = ["collect", "--modelsource", source, "--modelname", model, "--target", args.target, "--iftune", "true",
+               "--trials", str(trials), "--dataset", str(tuned), "--database", str(work / "before-db"), "-q"]
+        code, wall, _ = run_opbench(cmd, dict(os.environ), log, limit=args.limit)
+        rows = 0
+        if tuned.exists():
+            with sqlite3.connect(tuned) as conn:
+                rows = int(conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
+        result["before"] = {"command": "opbench " + " ".join(cmd), "exit": code, "wall_s": wall, "records": rows,
+                            "records_per_s": rows / wall if wall else None}
+        (work / "after.sqlite").unlink(missing_ok=True)
+        extra = ["--modelsource", source, "--modelname", model, "--dtype", args.dtypes.split(",")[0]]
+        if args.tasks:
+            extra += ["--tasks", str(args.tasks)]
+        after = _sample(args, work, "after", extra, log)
+        records = after["quality"]["rows"]
+        after.update(records=records, records_per_s=records / after["wall_s"] if after["wall_s"] else None)
+        result["after"] = after
+        result["speedup"] = (after["records_per_s"] / result["before"]["records_per_s"]
+                             if result["before"]["records_per_s"] else None)
     else:
         for item in args.models.split(","):
             source, _, model = item.partition(":")

@@ -193,6 +193,9 @@ def test_a_records_folder_holds_the_rows_and_resumes_without_loading_a_model(sam
                 assert got[name] == value, name
     frame = records.read(folder)
     assert len(frame) == len(rows) and frame["run_secs"].map(len).min() >= 5
+    from opbench.dataset import load
+
+    assert load(folder, "trials")["trace"].tolist() == frame["trace"].tolist()  # opbench.load reads a folder too
 
     fresh = tmp_path / "fresh.sqlite"  # a new machine: the shipped folder only
     assert records.unpack(folder, fresh) == {"tasks": len(result.tasks), "trials": len(rows)}

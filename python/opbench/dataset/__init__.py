@@ -17,12 +17,18 @@ FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 def load(path: str | Path, table: str = "operators") -> Any:
     """One table of a dataset as a typed pandas DataFrame (read only; see :mod:`opbench.dataset.frames`).
+    ``path`` may also be a records folder (:mod:`opbench.dataset.records`: tables ``trials`` and ``tasks``).
 
     Examples
     --------
     >>> ops = opbench.load("data/opbench.sqlite")                  # doctest: +SKIP
     >>> ops.groupby("kind")["latency_median_s"].sum()               # doctest: +SKIP
+    >>> trials = opbench.load("data/dataset", "trials")            # doctest: +SKIP
     """
+    if Path(path).is_dir():
+        from . import records
+
+        return records.read(path, table)
     with Dataset(path, readonly=True) as ds:
         return ds.frame(table)
 

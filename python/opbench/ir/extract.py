@@ -199,6 +199,8 @@ def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = No
         else:
             what = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, ir.Op) \
                 else type(value).__name__
+            if isinstance(value, relax.Call) and value.args and isinstance(value.args[0], relax.ExternFunc):
+                what += f"({value.args[0].global_symbol})"
             raise OpBenchError(f"unsupported binding in lowered main: {binding.var.name} = {what}")
     outputs = flat(ref(main.body.body))
     return OpGraph(nodes, input_specs, constants, outputs)

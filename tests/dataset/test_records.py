@@ -1,0 +1,30 @@
+"""The shipped records folder (``data/dataset/``): it matches its manifest, reads back whole, and every
+record belongs to a task of the folder with the task's target and precision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ..helpers import ROOT
+
+pytest.importorskip("pyarrow")
+FOLDER = ROOT / "data" / "dataset"
+
+
+def test_the_shipped_records_match_their_manifest_and_their_tasks():
+    from opbench.dataset import records
+
+    meta = records.manifest(FOLDER)  # each file's SHA-256 checked
+    trials, tasks = records.read_rows(FOLDER), records.read_rows(FOLDER, "tasks")
+    assert len(trials) == meta["records"] > 0 and len(tasks) == meta["tasks"]
+    by_key = {t["workload_id"]: t for t in tasks}
+    for row in trials:
+        task = by_key[row["workload_id"]]  # never a record of a task the folder does not describe
+        assert row["dtype"] == task["dtype"] and row["tuner"] == "sample"
+        assert row["model"] == task["task"] and row["source"] == "task"
+        insts, decisions = json.loads(row["trace"])
+        assert insts and isinstance(decisions, list)
+    assert sum(f["bytes"] for f in meta["files"]) <= 24 * 2**20  # the repository's budget for shipped records
+    assert all(f["bytes"] <= records.MAX_FILE_BYTES for f in meta["files"])
