@@ -154,6 +154,15 @@ def parse_json(text: str | bytes, what: str, kind: type = dict) -> Any:
     return data
 
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def read_json(path: str | Path, what: str, kind: type = dict, limit: int = JSON_LIMIT) -> Any:
     """The JSON file at ``path`` (:func:`parse_json`), refused before it is read when it is larger than
     ``limit`` bytes."""

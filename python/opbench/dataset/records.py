@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
-from ..utils import read_json
+from ..utils import file_sha256, read_json
 from .schema import TABLES, TASK_COLUMNS, TRIAL_COLUMNS
 from .store import Dataset, now
 
@@ -54,14 +54,6 @@ def _arrow() -> tuple[Any, Any]:
     except ImportError:
         raise OpBenchError("records folders need pyarrow: pip install pyarrow") from None
     return pa, pq
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def split_trace(trace_json: str) -> tuple[str, str, str]:
@@ -155,7 +147,7 @@ def pack(dataset_path: str | Path, folder: str | Path, max_file_bytes: int = MAX
             stale.unlink()
     manifest = {"format": FORMAT, "written_at": now(), "tasks": len(tasks), "sketches": len(sketches),
                 "records": len(records), "files": [{"name": n, "rows": r, "bytes": (out / n).stat().st_size,
-                                                    "sha256": _sha256(out / n)} for n, r in files]}
+                                                    "sha256": file_sha256(out / n)} for n, r in files]}
     partial = out / f".{MANIFEST}.partial"
     partial.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(partial, out / MANIFEST)
@@ -175,7 +167,7 @@ def manifest(folder: str | Path) -> dict[str, Any]:
         if not isinstance(name, str) or "/" in name or name.startswith("."):
             raise OpBenchError(f"{str(path)!r} names a file it may not: {name!r}")
         file = Path(folder) / name
-        if not file.is_file() or _sha256(file) != entry.get("sha256"):
+        if not file.is_file() or file_sha256(file) != entry.get("sha256"):
             raise OpBenchError(f"{str(file)!r} is missing or does not match {MANIFEST} (write the folder again "
                                "with opbench.dataset.records.pack)")
     return meta

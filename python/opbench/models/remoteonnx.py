@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
+from ..utils import file_sha256
 from .base import InputSpec, ModelSource, Workload
 
 log = logging.getLogger("opbench")
@@ -46,14 +47,6 @@ def default_cache_dir() -> Path:
     """``$OPBENCH_CACHE`` or ``~/.cache/opbench``, with an ``onnx`` subfolder."""
     root = os.environ.get("OPBENCH_CACHE") or os.path.join(Path.home(), ".cache", "opbench")
     return Path(root) / "onnx"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_sha256(text: str | None) -> str | None:
@@ -165,7 +158,7 @@ def _cached(cache: Path, digest: str | None, want: str | None) -> Path | None:
     path = cache / f"{digest}.onnx"
     if not path.is_file():
         return None
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != digest:
         log.warning("cached file %s is corrupt (sha256 %s); downloading again", path, actual)
         path.unlink(missing_ok=True)
@@ -196,7 +189,7 @@ def fetch(location: str, cache_dir: Path | None = None, sha256: str | None = Non
         path = Path(location).expanduser()
         if not path.is_file():
             raise OpBenchError(f"ONNX file not found: {location!r} (accepted: a path or an http(s) URL)")
-        digest = _sha256(path)
+        digest = file_sha256(path)
         if want and digest != want:
             raise OpBenchError(f"checksum mismatch for {location!r}: sha256 {digest}, expected {want}")
         return path, digest
@@ -232,7 +225,7 @@ def fetch(location: str, cache_dir: Path | None = None, sha256: str | None = Non
                 out.write(chunk)
         if expected is not None and got != expected:
             raise OpBenchError(f"download of {public!r} was cut short: {got} of {expected} bytes; nothing cached")
-        digest = _sha256(Path(tmp_name))
+        digest = file_sha256(Path(tmp_name))
         if want and digest != want:
             raise OpBenchError(f"checksum mismatch for {public!r}: sha256 {digest}, expected {want}")
         _check_onnx(Path(tmp_name), public)  # an HTML page or anything else is refused before it is cached
