@@ -116,9 +116,9 @@ def main() -> None:
         tuned = work / "before.sqlite"
         tuned.unlink(missing_ok=True)
         shutil.rmtree(work / "before-db", ignore_errors=True)
-        trials = args.per_task * (args.tasks or 4)
         cmd = ["collect", "--modelsource", source, "--modelname", model, "--target", args.target, "--iftune", "true",
-               "--trials", str(trials), "--dataset", str(tuned), "--database", str(work / "before-db"), "-q"]
+               "--trials", str(args.per_task), "--tune-tasks", str(args.tasks or 4), "--dataset", str(tuned),
+               "--database", str(work / "before-db"), "-q"]  # the same tasks and candidates per task as after
         code, wall, _ = run_opbench(cmd, dict(os.environ), log, limit=args.limit)
         rows = 0
         if tuned.exists():
