@@ -307,7 +307,6 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     """Run a sampling job (see the module docstring); every field of ``job`` is checked first."""
     import tvm
 
-    from ..profile.cuda import gpu_tags
     from ..profile.env import device_id, environment_tags
     from ..runtime.target import canonical_target, is_gpu, resolve_target, tuning_target
     from ..tune.farm import Farm, FarmConfig, FarmTask, Record, Timing
@@ -321,7 +320,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
     tags = environment_tags(target)
     # each GPU's own columns (name, SMs, driver, CUDA, clock at the start, UUID) on the rows it measured
-    device_tags = {d: (gpu_tags(d) if is_gpu(target) else {"gpu_uuid": None}) for d in devices}
+    device_tags = {d: (_gpu_tags(d) if is_gpu(target) else {"gpu_uuid": None}) for d in devices}
     dev_id = device_id(target)
     start = time.monotonic()
     with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
@@ -385,6 +384,19 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     exported = export_database(job.dataset, job.export_database, [t.key for t in tasks], ms_target) \
         if job.export_database else None
     return SampleResult(job, run.run_id, tasks, stats, stored, exported)
+
+
+def _gpu_tags(index: int | None) -> dict[str, Any]:
+    """A GPU's environment columns; its UUID alone where PyTorch cannot read the rest (columns are extras: the
+    job goes on without them)."""
+    from ..profile.cuda import gpu_tags
+    from ..runtime.device import gpu_uuid
+
+    try:
+        return gpu_tags(index)
+    except Exception as err:
+        log.debug("GPU columns unavailable: %s", err)
+        return {"gpu_uuid": gpu_uuid(index)}
 
 
 def _task_row(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, mod_json: str,
