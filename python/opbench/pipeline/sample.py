@@ -232,7 +232,6 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
     from .tune import extracted_tasks
 
     tasks: dict[str, SampledTask] = {}
-    touched: dict[str, SampledTask] = {}
     ms_target = tuning_target(target)
     stored = _stored_tasks(dataset, canonical_target(ms_target)) if dataset is not None else []
     for i, (name, batch, dtype) in enumerate(points, 1):
@@ -254,6 +253,7 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
         with announced(f"[{i}/{len(points)}] extracting the tasks of {name} (batch {batch}, {dtype})"):
             workload = load_workload(job.source, name, batch, dtype=dtype)
             extracted = extracted_tasks(workload, target)
+        touched: dict[str, SampledTask] = {}
         for task in extracted:
             mod = task.dispatched[0]
             key = digest({"task": format(tvm_ffi.structural_hash(mod) & (2**64 - 1), "016x"),
@@ -267,7 +267,6 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
             touched[key] = tasks[key]
         if store is not None:
             store(list(touched.values()))
-        touched.clear()
         log.info("%s (batch %d, %s): %d tasks, %d distinct so far", name, batch, dtype, len(extracted), len(tasks))
     ordered = sorted(tasks.values(), key=lambda t: -t.weight * max(t.flops, 1.0))
     return ordered[: job.tasks_limit] if job.tasks_limit else ordered
@@ -324,21 +323,26 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     dev_id = device_id(target)
     start = time.monotonic()
     with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
+        encoded: dict[str, tuple[str, list[Any]]] = {}  # each task's module and arguments, computed once
+
+        def encode(task: SampledTask) -> tuple[str, list[Any]]:
+            if task.key not in encoded:
+                encoded[task.key] = tvm.ir.save_json(task.mod), _args_info(task.mod)
+            return encoded[task.key]
+
         def store(touched: list[SampledTask]) -> None:  # one transaction per model: its tasks, or none
-            dataset.put_many("tasks", [_task_row(dataset, t, ms_target, run.run_id, tvm.ir.save_json(t.mod),
-                                                 _args_info(t.mod)) for t in touched], replace=True)
+            dataset.put_many("tasks", [_task_row(dataset, t, ms_target, run.run_id, *encode(t)) for t in touched],
+                             replace=True)
 
         tasks = extract(job, points, target, dataset, store, start + job.time_limit_s if job.time_limit_s else None)
         log.info("%d distinct tasks from %d models; %d candidates each", len(tasks), len(points), job.per_task)
-        farm_tasks, task_rows = [], []
+        farm_tasks = []  # every task's row is stored: as its model was extracted, or before (from the dataset)
         for task in tasks:
-            mod_json, args_info = tvm.ir.save_json(task.mod), _args_info(task.mod)  # once: stored and sent
-            task_rows.append(_task_row(dataset, task, ms_target, run.run_id, mod_json, args_info))
+            mod_json, args_info = encode(task)
             key = model_key(task.key, dev_id, config, job.flush_l2)
             done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
             farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
                                        args_info, done))
-        dataset.put_many("tasks", task_rows, replace=True)
         by_key = {t.key: t for t in tasks}
 
         def row_key(task: FarmTask) -> dict[str, Any]:
