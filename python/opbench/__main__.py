@@ -1,9 +1,6 @@
 """``python -m opbench``: the opbench command."""
 
-from . import signals
-
-signals.early()  # before the command's modules import: a Ctrl-C now stops it with its one line, not a traceback
-
-from .cli.main import run  # noqa: E402
+from . import _startup  # noqa: F401  (first: a Ctrl-C from now on stops the command with its one line)
+from .cli.main import run
 
 run()

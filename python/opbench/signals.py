@@ -28,21 +28,7 @@ from typing import Any
 
 _received: list[int] = []
 _deferring: list[bool] = []
-_early: list[int] = []
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _record(signum: int, _frame: Any) -> None:
-    _early.append(signum)
-
-
-def early() -> None:
-    """The first thing a command does, before it imports its modules: a SIGINT or SIGTERM from now on is
-    recorded, not raised (a ``KeyboardInterrupt`` inside an import would end the process with a traceback),
-    and :func:`install` hands it on, so that the command stops at once with its one "interrupted" line."""
-    for signum in SIGNALS:
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signum, _record)
 
 
 def _handler(signum: int, _frame: Any) -> None:
@@ -57,8 +43,10 @@ def install() -> None:
     Also registers :func:`_last_moments` with ``atexit``, early, so that it runs after the exit handlers
     of what is imported later (worker pools): from then on the process is only finishing its exit.
     """
-    _received[:] = _early  # a signal recorded by early() is :func:`check`'s to raise
-    _early.clear()
+    startup = sys.modules.get("opbench._startup")  # a command's first import (opbench._startup) records signals
+    if startup is not None:
+        _received[:] = startup.pending  # a signal received while the command started is :func:`check`'s to raise
+        startup.pending.clear()
     _deferring.clear()
     for signum in SIGNALS:
         signal.signal(signum, _handler)

@@ -60,6 +60,12 @@ def numpy_dtype(dtype: str) -> Any:
     return np.dtype(dtype)
 
 
+def cache_root() -> Path:
+    """Where OpBench keeps what it can compute again (downloads, features): ``$OPBENCH_CACHE`` or
+    ``~/.cache/opbench``."""
+    return Path(os.environ.get("OPBENCH_CACHE") or os.path.join(Path.home(), ".cache", "opbench"))
+
+
 def digest(value: Any) -> str:
     """A short stable digest of JSON-able data (16 hex digits of SHA-256 over canonical JSON)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)

@@ -11,10 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from opbench import signals  # noqa: E402
-
-signals.early()  # before the command's modules import: a Ctrl-C now stops it with its one line, not a traceback
-
+from opbench import _startup  # noqa: E402, F401  (first: a Ctrl-C from now on stops it with its one line)
 from opbench.cli.main import run  # noqa: E402
 
 if __name__ == "__main__":

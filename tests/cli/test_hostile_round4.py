@@ -273,14 +273,14 @@ def test_a_signal_at_any_moment_of_a_start_is_one_line_and_130(entry, moment, tm
     """Ctrl-C as the command starts (its modules importing) or while the model loads: exit 130 and the one
     'interrupted' line, never a KeyboardInterrupt traceback or exit -2. The moment "while modules import" is
     found with ``python -X importtime`` (a line per finished import): the signal follows the import of
-    ``opbench.signals``, while the command's own modules are still to import."""
+    ``opbench._startup``, the command's first, while its other modules are still to import."""
     script = ["-m", "opbench", "collect"] if entry == "opbench" else \
         [str(ROOT / "python" / "performance_collector" / "op_performance_collector.py")]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-X", "importtime", *script, "--modelsource", "local", "--modelname",
                              "resnet-18", "--target", "llvm", "--dataset", str(tmp_path / "d.sqlite")], env=env,
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marker = "| opbench.signals" if moment == "while modules import" else "loading local model"
+    marker = "| opbench._startup" if moment == "while modules import" else "loading local model"
     seen = []
     for line in proc.stderr:
         seen.append(line)

@@ -165,3 +165,40 @@ def test_merge_known_answer_on_the_ios_block():
     assert len(chosen.graph) in (len(plain.graph), len(merged.graph))
     out = ParallelExecutor(chosen, get_scheduler("ios").schedule(chosen.graph)).run()[0].numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_reshape_view_between_kernels_is_replayed_as_a_view():
+    """A reshape that lowering leaves as ``vm.builtin.reshape`` (seen in gpt2 at fp16 on CUDA) is no kernel:
+    the consumer reads its producer's output through a view, and the replay equals the model."""
+    import numpy as np
+    from tvm.script import relax as R
+
+    from opbench.runtime import OperatorKernels, build_module, flatten_outputs, relative_error
+
+    @tvm.script.ir_module
+    class Viewed:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 16), "float32"),
+                 v: R.Tensor((8, 4), "float32")) -> R.Tensor((32,), "float32"):
+            with R.dataflow():
+                a = R.matmul(x, w)
+                b = R.call_pure_packed("vm.builtin.reshape", a, R.shape([8, 8]),
+                                       ty_args=R.Tensor((8, 8), "float32"))
+                c = R.matmul(b, v)
+                d = R.call_pure_packed("vm.builtin.reshape", c, R.shape([32]), ty_args=R.Tensor((32,), "float32"))
+                R.output(d)
+            return d
+
+    target = tvm.target.Target("llvm")
+    lowered, graph = extract_operators(Viewed, target)
+    assert len(graph) == 2  # the two matmuls; the reshapes are views
+    assert graph[1].args[0].kind == "node" and graph[1].args[0].shape == (8, 8)
+    assert graph.outputs[0].shape == (32,) and graph.preds(1) == [0]
+    built = build_module(lowered, target)
+    kernels = OperatorKernels(graph, built)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype("float32") for s in ((4, 8), (8, 16), (8, 4))]
+    inputs = kernels.to_device(xs)
+    outputs, _ = kernels.replay(inputs)
+    np.testing.assert_allclose(outputs[0].numpy(), ((xs[0] @ xs[1]).reshape(8, 8) @ xs[2]).reshape(32), rtol=1e-5)
+    assert relative_error(outputs, flatten_outputs(built.vm()["main"](*inputs))) < 1e-6

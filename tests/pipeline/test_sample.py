@@ -152,6 +152,11 @@ def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     (["--modelname", "resnet-18,nosuch"], "unknown model 'nosuch'"),
     (["--target", "vulkan"], "unknown target"),
     (["--audit", "1.5"], "a fraction between 0 and 1"),
+    (["--rpc-tracker", "nohost"], "--rpc-tracker: expected HOST:PORT"),
+    (["--rpc-tracker", "127.0.0.1:9190"], "--rpc-key: the key the remote devices registered with"),
+    (["--rpc-key", "k"], "--rpc-key: needs rpc_tracker"),
+    (["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "k", "--devices", "0"], "--devices: measuring devices"),
+    (["--rpc-tracker", "127.0.0.1:1", "--rpc-key", "k"], "RPC tracker 127.0.0.1:1 unreachable"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, args, message):
     dataset = tmp_path / "ds.sqlite"
@@ -225,3 +230,25 @@ def test_a_records_folder_that_does_not_match_its_manifest_is_refused(sampled, t
     with pytest.raises(OpBenchError, match="holds other files"):
         records.pack(job.dataset, mine)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_two_rpc_servers_measure_every_candidate_once(tmp_path):
+    """Builds here, measurements on two rpc_servers that registered with one tracker under one key (as one
+    server per GPU of each host): both serve, every candidate is one row, the rows name the remote devices."""
+    from opbench.pipeline.sample import SampleJob, sample
+    from opbench.profile.rpc import LocalFarm
+
+    with LocalFarm("cpus", [None, None], tmp_path / "farm") as farm:
+        job = SampleJob(models=(MODEL,), source="simple", per_task=4, builders=1, dataset=str(tmp_path / "ds.sqlite"),
+                        rpc_tracker=farm.address, rpc_key="cpus")
+        result = sample(job, command="test")
+        sessions = farm.sessions()
+    rows = _trials(tmp_path / "ds.sqlite")
+    assert len(rows) == result.stored == 4 * len(result.tasks)
+    assert sorted((r["workload_id"], r["trial"]) for r in rows) == sorted({(r["workload_id"], r["trial"])
+                                                                           for r in rows})
+    assert sum(r["build_status"] == "ok" for r in rows) >= len(rows) - 1 and result.stats.ok >= 1
+    assert all(r["device_name"].endswith("(rpc key cpus)") and r["hostname"].startswith("rpc:cpus@") for r in rows)
+    assert len(sessions) == 2 and all(n >= 1 for n in sessions), sessions  # both servers measured
+    assert set(result.stats.device_busy_s) == {"rpc0", "rpc1"}

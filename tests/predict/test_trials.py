@@ -60,3 +60,65 @@ def test_pretrained_cost_model_in_a_short_tuning_run(tuned, tmp_path):
         load_pretrained("random", str(tmp_path / "trials.opm"))
     with pytest.raises(OpBenchError, match="trained for target 'llvm'"):
         load_pretrained("xgb", str(tmp_path / "trials.opm"), "cuda")
+
+
+@pytest.fixture(scope="module")
+def records_slice(tmp_path_factory):
+    """A slice of the shipped records (data/dataset): the tasks of five models, a few each, among them
+    tasks that two of the models share, as a SQLite dataset (tasks and trials tables)."""
+    import json
+    from collections import defaultdict
+    from pathlib import Path
+
+    from opbench.dataset import records
+
+    folder = Path(__file__).resolve().parents[2] / "data" / "dataset"
+    tasks = {t["workload_id"]: t for t in records.read_rows(folder, "tasks")}
+    rows = [r for r in records.read_rows(folder) if r["build_status"] == "ok"]
+    by_task = defaultdict(list)
+    for r in rows:
+        by_task[r["workload_id"]].append(r)
+    models = ["googlenet", "inception_v3", "resnet-18", "resnet-34", "squeezenet_v1.1"]
+    chosen, per_model = [], defaultdict(int)
+    for key, trows in sorted(by_task.items()):
+        users = sorted({u["model"] for u in json.loads(tasks[key]["uses"])})
+        if len(trows) >= 8 and set(users) <= set(models) and all(per_model[m] < 4 for m in users):
+            chosen.append(key)
+            for m in users:
+                per_model[m] += 1
+    path = tmp_path_factory.mktemp("records") / "slice.sqlite"
+    with Dataset(path) as ds:
+        run = ds.start_run("slice", {})
+        ds.put_many("tasks", [{**tasks[k], "run_id": run} for k in chosen])
+        ds.put_many("trials", [{**r, "run_id": run} for k in chosen for r in by_task[k]])
+        ds.finish_run(run, "ok")
+    return path, chosen
+
+
+@pytest.mark.slow
+def test_held_out_models_share_no_model_and_no_task_with_training(records_slice, tmp_path, monkeypatch):
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import trials
+
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
+    path, chosen = records_slice
+    tasks, _device = trials.trial_examples(str(path), task_modules)
+    assert len(tasks) == len(chosen) and any(len(t["models"]) > 1 for t in tasks.values())  # shared tasks too
+    report = trials.evaluate(tasks, "by_model", k=3, seed=0)
+    assert report["folds"] >= 2 and report["n_test"] > 0
+    for models, task_keys in zip(report["fold_models"], report["fold_tasks"], strict=True):
+        assert models["test"] and not set(models["test"]) & set(models["train"])
+        assert task_keys["test"] and not set(task_keys["test"]) & set(task_keys["train"])
+    shared = {f"{t['workload_id']}/{t['task']}" for t in tasks.values() if len(t["models"]) > 1}
+    tested = {k for f in report["fold_tasks"] for k in f["test"]}
+    assert report["untested"] == sum(len(t["xs"]) for t in tasks.values()
+                                     if f"{t['workload_id']}/{t['task']}" not in tested)
+    assert {h["dtype"] for h in report["held_out"]} == set(report["by_dtype"])
+    m = report["metrics"]
+    assert 0.0 <= m["pairwise"] <= 1.0 and 0.0 < m["top1"] <= m["top5"] <= 1.0
+    assert m["candidates"] == report["n_test"] and m["tasks"] == len(tested)
+    # a task's features are cached: the second read computes nothing
+    monkeypatch.setattr(trials, "trial_features", lambda *a: pytest.fail("features computed again"))
+    again, _ = trials.trial_examples(str(path), task_modules)
+    assert all((again[k]["xs"][0] == tasks[k]["xs"][0]).all() for k in tasks)
+    assert shared <= {f"{t['workload_id']}/{t['task']}" for t in again.values()}

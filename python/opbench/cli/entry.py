@@ -1,11 +1,9 @@
-"""The ``opbench`` console command: signals are recorded from its first moments (:func:`opbench.signals.early`),
+"""The ``opbench`` console command: signals are recorded from its first moments (:mod:`opbench._startup`),
 then the command line runs (:func:`opbench.cli.main.run`)."""
 
 from __future__ import annotations
 
-from .. import signals
-
-signals.early()
+from .. import _startup  # noqa: F401  (first: a Ctrl-C from now on stops the command with its one line)
 
 
 def run() -> None:

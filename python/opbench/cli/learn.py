@@ -45,7 +45,8 @@ def add_parsers(sub: Any) -> None:
                                    "held-out groups (the split), then the saved model is fit on every row; with "
                                    "--out, the latency predictor's held-out predictions are stored beside it "
                                    "(FILE.heldout.json), for the report.")
-    p.add_argument("--dataset", default=None, help=f"dataset (.sqlite, or .sqlite.gz read only; default: "
+    p.add_argument("--dataset", default=None, help=f"dataset (.sqlite, .sqlite.gz read only, or a records folder "
+                                                   f"such as data/dataset for --what trials; default: "
                                                    f"$OPBENCH_DATASET or {default_dataset})")
     p.add_argument("--what", required=True, choices=WHATS, help="what to predict")
     p.add_argument("--split", default="by_model", choices=SPLITS, help="held-out groups")
@@ -62,7 +63,8 @@ def add_parsers(sub: Any) -> None:
                    help="kernel configuration of the latency rows: default, or db:<digest> of tuned kernels")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds and of XGBoost")
     p.add_argument("--exclude", default="", metavar="MODEL[,MODEL]",
-                   help="leave these models' rows out entirely (to use the predictor on them afterwards)")
+                   help="leave these models' rows out entirely, and every sampled task they use (to use the "
+                        "predictor on them afterwards)")
     add_json_flag(add_common(p), "the metrics")
     p.set_defaults(func=cmd_train)
 
@@ -141,6 +143,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         for h in result["held_out"]:
             print(f"  {h['model'][:18]:<18}{h['groups']:>8}{_pct(h['mape']):>8}{_num(h['pairwise'], 3):>10}",
                   file=out)
+    elif args.what == "trials":
+        if result.get("untested"):
+            print(f"  {result['untested']} candidates untested: their tasks are shared by models of different folds "
+                  "(never trained on while one of those models is held out)", file=out)
+        if len(result.get("by_dtype") or {}) > 1:
+            print(f"  {'dtype':<10}{'tasks':>7}{'candidates':>12}{'pairwise':>10}{'top-1':>8}{'top-5':>8}", file=out)
+            for dtype, d in result["by_dtype"].items():
+                print(f"  {dtype:<10}{d['tasks']:>7}{d['candidates']:>12}{_num(d['pairwise']):>10}"
+                      f"{_num(d['top1']):>8}{_num(d['top5']):>8}", file=out)
     if args.out:
         print(f"predictor written to {args.out}", file=out)
     if args.json:

@@ -692,7 +692,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
         logging.captureWarnings(True)  # other libraries' Python warnings (matplotlib's) also only with -v
         logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.CRITICAL)
         try:
-            signals.check()  # a signal while the command started (signals.early) stops it here
+            signals.check()  # a signal while the command started (opbench._startup) stops it here
             if getattr(args, "gpu", None) is not None and getattr(args, "devices", None) is None:
                 from ..runtime.device import select_gpu
 

@@ -34,7 +34,8 @@ FLAGS = {
     "builders": "--builders", "repeat": "--repeat", "min_repeat_ms": "--min-repeat-ms", "flush_l2": "--flush-l2",
     "build_timeout_s": "--build-timeout", "run_timeout_s": "--run-timeout", "audit": "--audit",
     "compiler": "--cuda-compiler", "tasks_limit": "--tasks", "time_limit_s": "--time-limit", "dataset": "--dataset",
-    "export_database": "--export-database",
+    "export_database": "--export-database", "rpc_tracker": "--rpc-tracker", "rpc_key": "--rpc-key",
+    "rpc_workers": "--rpc-workers",
 }
 
 
@@ -83,6 +84,11 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--devices", default=None, metavar="N,N",
                    help="one measuring process per device: GPU indices on cuda; on a CPU, that many workers "
                         "each on its share of the cores")
+    s.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="measure on the devices registered with this TVM RPC tracker (builds stay here)")
+    s.add_argument("--rpc-key", default=None, help="the key the remote devices registered with")
+    s.add_argument("--rpc-workers", type=positive_int, default=None, metavar="N",
+                   help="RPC sessions measuring at once (default: one per device registered with the key)")
     s.add_argument("--builders", type=nonneg_int, default=None,
                    help="sampling and building processes (default 0: every core not measuring)")
     s.add_argument("--cuda-compiler", default=None, choices=["nvrtc", "nvcc"], help="CUDA's kernel compiler")
@@ -133,7 +139,8 @@ def job_from_args(args: argparse.Namespace) -> Any:
                   "flush_l2": args.flush_l2, "build_timeout_s": args.build_timeout, "run_timeout_s": args.run_timeout,
                   "audit": args.audit, "compiler": args.cuda_compiler, "tasks_limit": args.tasks,
                   "time_limit_s": args.time_limit,
-                  "dataset": args.dataset, "export_database": args.export_database}
+                  "dataset": args.dataset, "export_database": args.export_database,
+                  "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key, "rpc_workers": args.rpc_workers}
         given.update({k: v for k, v in simple.items() if v is not None})
         if "dataset" not in given and not args.config and os.environ.get("OPBENCH_DATASET"):
             given["dataset"] = os.environ["OPBENCH_DATASET"]

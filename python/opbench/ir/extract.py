@@ -17,6 +17,7 @@ A module that is already lowered is walked as it is.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import tvm
@@ -28,6 +29,8 @@ from .features import attrs_to_dict, classify, estimate_flops, main_op, tensor_b
 from .graph import ArgRef, OpGraph, OpNode
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
+_CALL_PURE_PACKED = ir.Op.get("relax.call_pure_packed")
+_RESHAPE = ir.Op.get("relax.reshape")
 
 OpInfo = tuple[str, dict[str, Any]]
 
@@ -132,6 +135,16 @@ def _tensor_types(ty: Any) -> list[Any]:
     return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
 
 
+def _is_reshape(value: Any) -> bool:
+    """``R.reshape(x, shape)`` or what lowering makes of it, ``call_pure_packed("vm.builtin.reshape", x, shape)``."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, ir.Op):
+        return False
+    if value.op == _RESHAPE:
+        return True
+    return value.op == _CALL_PURE_PACKED and bool(value.args) and isinstance(value.args[0], relax.ExternFunc) \
+        and value.args[0].global_symbol == "vm.builtin.reshape"
+
+
 def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = None,
                    entry: str = "main") -> OpGraph:
     """Walk the dataflow of a lowered entry function (default ``main``) and build its :class:`OpGraph`."""
@@ -192,6 +205,11 @@ def build_op_graph(mod: tvm.IRModule, fused: dict[str, list[OpInfo]] | None = No
                 env[binding.var] = [ArgRef("node", index, k) for k in range(len(out_types))]
             else:
                 env[binding.var] = ArgRef("node", index)
+        elif _is_reshape(value):  # a zero-copy view: the same tensor under the binding's shape
+            source = ref(value.args[1] if value.op == _CALL_PURE_PACKED else value.args[0])
+            if isinstance(source, list):
+                raise OpBenchError(f"unsupported reshape of a tuple in lowered main: {binding.var.name}")
+            env[binding.var] = dataclasses.replace(source, shape=_shape(binding.var.ty))
         elif isinstance(value, relax.TupleGetItem):
             env[binding.var] = ref(value.tuple_value)[value.index]
         elif isinstance(value, relax.Var | relax.Tuple | ir.GenericConst):

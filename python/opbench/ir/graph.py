@@ -16,15 +16,18 @@ class ArgRef:
     """Where an operator argument comes from.
 
     ``kind`` is ``"input"`` (model input ``index``), ``"node"`` (output ``item`` of operator
-    ``index``) or ``"const"`` (embedded weight ``index`` of :attr:`OpGraph.constants`).
+    ``index``) or ``"const"`` (embedded weight ``index`` of :attr:`OpGraph.constants`). ``shape``, when
+    given, reads that tensor through a view of this shape (a reshape that lowering left as a zero-copy
+    ``vm.builtin.reshape`` between two kernels: same bytes, no kernel of its own).
     """
 
     kind: str
     index: int
     item: int = 0
+    shape: tuple[int, ...] | None = None
 
     def to_list(self) -> list[Any]:
-        return [self.kind, self.index, self.item]
+        return [self.kind, self.index, self.item] + ([list(self.shape)] if self.shape is not None else [])
 
 
 @dataclasses.dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError
-from ..utils import file_sha256
+from ..utils import cache_root, file_sha256
 from .base import InputSpec, ModelSource, Workload
 
 log = logging.getLogger("opbench")
@@ -45,8 +45,7 @@ STALE_PART_S = 3600.0
 
 def default_cache_dir() -> Path:
     """``$OPBENCH_CACHE`` or ``~/.cache/opbench``, with an ``onnx`` subfolder."""
-    root = os.environ.get("OPBENCH_CACHE") or os.path.join(Path.home(), ".cache", "opbench")
-    return Path(root) / "onnx"
+    return cache_root() / "onnx"
 
 
 def check_sha256(text: str | None) -> str | None:

@@ -79,6 +79,11 @@ class SampleJob(Spec):
         The SQLite dataset the rows go to.
     export_database:
         A folder to write the records to as MetaSchedule's ``JSONDatabase`` too.
+    rpc_tracker, rpc_key, rpc_workers:
+        Measure on the devices that registered with TVM's RPC tracker (``HOST:PORT``) under ``rpc_key``
+        (one ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` per GPU on each host):
+        builds stay on this machine, each candidate's library is uploaded to a session's device and
+        timed there. ``rpc_workers`` sessions measure at once (``None``: one per registered device).
     """
 
     models: tuple[str, ...] = ("resnet-18",)
@@ -101,6 +106,9 @@ class SampleJob(Spec):
     time_limit_s: float | None = None
     dataset: str = "data/opbench.sqlite"
     export_database: str | None = None
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
+    rpc_workers: int | None = None
 
     def validate(self) -> None:
         """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
@@ -138,6 +146,33 @@ class SampleJob(Spec):
             raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
         if self.tasks_limit is not None and self.tasks_limit < 1:
             raise SpecError("tasks_limit", f"must be 1 or more, got {self.tasks_limit}")
+        if self.rpc_tracker is None:
+            for name in ("rpc_key", "rpc_workers"):
+                if getattr(self, name) is not None:
+                    raise SpecError(name, "needs rpc_tracker (HOST:PORT of TVM's RPC tracker)")
+        else:
+            if self.devices is not None:
+                raise SpecError("devices", "measuring devices are the RPC tracker's with rpc_tracker "
+                                           "(accepted: rpc_workers, or no rpc_tracker)")
+            if self.flush_l2:
+                raise SpecError("flush_l2", "is not available on remote devices (accepted: no flush_l2 with "
+                                            "rpc_tracker)")
+            host, sep, port = self.rpc_tracker.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
+                    any(c.isspace() for c in self.rpc_tracker.strip()):
+                raise SpecError("rpc_tracker", f"expected HOST:PORT, e.g. 127.0.0.1:9190, got {self.rpc_tracker!r}")
+            if not self.rpc_key or any(c.isspace() or c == ":" for c in self.rpc_key):
+                raise SpecError("rpc_key", "the key the remote devices registered with is needed (no spaces or ':')")
+            if self.rpc_workers is not None and self.rpc_workers < 1:
+                raise SpecError("rpc_workers", f"must be 1 or more, got {self.rpc_workers}")
+
+    def rpc(self) -> Any:
+        """The RPC devices (:class:`opbench.profile.rpc.RPCSpec`), or None without ``rpc_tracker``."""
+        if self.rpc_tracker is None:
+            return None
+        from ..profile.rpc import RPCSpec
+
+        return RPCSpec.parse(self.rpc_tracker, self.rpc_key, self.rpc_workers)
 
 
 @dataclasses.dataclass
@@ -196,6 +231,8 @@ def check_job(job: SampleJob) -> list[tuple[str, int, str]]:
             check_fits(job.source, name, batch)
     if job.export_database:
         check_export_folder(job.export_database)
+    if job.rpc_tracker is not None:
+        job.rpc().check()  # an unreachable tracker or a key no device registered with, before any work
     return [(n, b, check_dtype(d)) for n in names for b in job.batch_sizes for d in job.dtypes]
 
 
@@ -312,15 +349,29 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     from ..tune.knobs import decode_knobs
 
     points = check_job(job)
-    target = resolve_target(job.target)
-    ms_target = tuning_target(target)
-    target_json = canonical_target(ms_target)
+    rpc = job.rpc()
+    target = resolve_target(job.target, local_device=rpc is None)
     config = f"sample:s{job.seed}"
-    devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
     tags = environment_tags(target)
-    # each GPU's own columns (name, SMs, driver, CUDA, clock at the start, UUID) on the rows it measured
-    device_tags = {d: (_gpu_tags(d) if is_gpu(target) else {"gpu_uuid": None}) for d in devices}
-    dev_id = device_id(target)
+    if rpc is None:
+        ms_target = tuning_target(target)
+        devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
+        # each GPU's own columns (name, SMs, driver, CUDA, clock at the start, UUID) on the rows it measured
+        device_tags = {d: (_gpu_tags(d) if is_gpu(target) else {"gpu_uuid": None}) for d in devices}
+        dev_id = device_id(target)
+    else:  # the remote devices: their name and limits read through one session, their key in the rows
+        from ..profile.rpc import RPCProfiler
+
+        remote = RPCProfiler(rpc, target)
+        ms_target = tuning_target(target, remote.remote)
+        devices = [None] * (rpc.workers or rpc.check())
+        device_tags = {None: {"gpu_uuid": None}}
+        dev_id = device_id(target, remote.device(target))
+        tags = {**tags, **remote.tags()}
+        remote.release()
+        log.info("sample: candidates measured on %d device%s with key '%s' at %s", len(devices),
+                 "s" if len(devices) != 1 else "", rpc.key, rpc.address)
+    target_json = canonical_target(ms_target)
     start = time.monotonic()
     with Dataset(job.dataset) as dataset, recorded_run(dataset, command, tags) as run:
         encoded: dict[str, tuple[str, list[Any]]] = {}  # each task's module and arguments, computed once
@@ -379,7 +430,9 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                                Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
                                job.run_timeout_s, job.audit, job.compiler,
                                time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
-                               if job.time_limit_s else None), sink,
+                               if job.time_limit_s else None,
+                               rpc=None if rpc is None else {"host": rpc.host, "port": rpc.port, "key": rpc.key,
+                                                             "timeout_s": rpc.timeout_s}), sink,
                     on_sampled, on_audit)
         stats = farm.run(farm_tasks)
         stored = sum(dataset.count("trials", {**model_key(t.key, dev_id, config, job.flush_l2), "tuner": "sample"})

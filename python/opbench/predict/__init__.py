@@ -84,10 +84,11 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
             raise OpBenchError("the trials predictor needs the tasks' modules: train it with "
                                "opbench.pipeline.train.train (or 'opbench train')")
         tasks, device_name = trials.trial_examples(str(dataset), task_modules, device)
-        tasks = {k: t for k, t in tasks.items() if t["model"] not in skip}
-        log.info("trials: %d tuned tasks, %d candidates on %s; up to %d folds, %s split", len(tasks),
+        tasks = {k: t for k, t in tasks.items() if not skip & set(t["models"])}  # a shared task too
+        log.info("trials: %d tasks, %d candidates on %s; up to %d folds, %s split", len(tasks),
                  sum(len(t["xs"]) for t in tasks.values()), device_name, folds, split)
         report = trials.evaluate(tasks, split, folds, seed)
+        report.pop("fold_tasks", None)  # every task key of every fold: for tests, too long for a report
         kind = next(iter(tasks.values()))["target_kind"]
         fitted = lambda m: trials.TrialsPredictor.fit(list(tasks.values()), seed, m)  # noqa: E731
     if report["folds"] < min(MIN_GROUPS, folds):  # fewer groups than folds asked for, and fewer than three

@@ -219,13 +219,18 @@ def dataset_rows(source: Any, table: str, device: str | None = None, required: b
                  ) -> tuple[list[dict[str, Any]], str]:
     """The ``ok`` rows of ``table`` measured on one device (``device``, else the only one there is).
 
-    ``source`` is a dataset path or a dataset from :func:`open_dataset`. With ``required``, a table
-    without such rows is an error naming what to collect; else it gives ``[]``.
+    ``source`` is a dataset path, a records folder (its ``trials``) or a dataset from
+    :func:`open_dataset`. With ``required``, a table without such rows is an error naming what to
+    collect; else it gives ``[]``.
     """
     from ..dataset import Dataset
 
     if isinstance(source, Dataset):
         path, rows = source.path, source.rows(table)
+    elif Path(source).is_dir():  # a records folder (opbench.dataset.records)
+        from ..dataset import records
+
+        path, rows = source, records.read_rows(source, table)
     else:
         path = source
         with open_dataset(source) as ds:

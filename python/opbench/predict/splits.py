@@ -12,6 +12,12 @@
 
 Every item is tested exactly once, by the fold that held it out; the metrics pool those
 predictions. The group of an item is never in both sides of a fold for ``by_task``/``by_model``.
+
+An item may belong to several models (a tuning task that two models share): its group is then a
+``frozenset`` of models, and ``by_model`` deals *models* into folds. A fold tests the items all of
+whose models it holds out and trains on the items none of whose models it holds out, so that no
+held-out model's task is ever trained on; an item whose models fall into different folds is never
+tested (it trains the folds that hold out none of its models).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
             for j, i in enumerate(rng.permutation(idx)):
                 fold_of[i] = (offset + j) % k
             offset += len(idx)
+    elif split == "by_model" and any(isinstance(g, frozenset) for g in groups):
+        return _model_set_folds([g if isinstance(g, frozenset) else frozenset([g]) for g in groups], k, rng)
     else:
         unique = list(dict.fromkeys(groups))
         if len(unique) < 2:
@@ -78,6 +86,24 @@ def folds(groups: Sequence[Hashable], split: str, k: int = 5, seed: int = 0
     for f in range(k):
         test = np.flatnonzero(fold_of == f)
         train = np.flatnonzero(fold_of != f)
+        if len(test) and len(train):
+            out.append((train, test))
+    return out
+
+
+def _model_set_folds(groups: list[frozenset], k: int, rng: np.random.Generator
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``by_model`` folds of items that each belong to a set of models (see the module docstring)."""
+    models = sorted(set().union(*groups), key=str)
+    if len(models) < 2:
+        raise OpBenchError(f"too few models for a by_model split: {len(models)} (needed: at least 2)")
+    k = min(k, len(models))
+    fold_of = {models[m]: pos % k for pos, m in enumerate(rng.permutation(len(models)))}
+    item_folds = [{fold_of[m] for m in g} for g in groups]
+    out = []
+    for f in range(k):
+        test = np.array([i for i, fs in enumerate(item_folds) if fs == {f}], dtype=int)
+        train = np.array([i for i, fs in enumerate(item_folds) if f not in fs], dtype=int)
         if len(test) and len(train):
             out.append((train, test))
     return out

@@ -13,18 +13,23 @@ round and retrains on old and new measurements together as tuning goes on.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
+import os
+import sqlite3
 import types
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
+from ..utils import cache_root, digest
 from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, r2, rmse, top_k
 from .splits import check_split, folds, group_label
@@ -82,31 +87,124 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
 TaskModules = Callable[[Sequence[dict[str, Any]]], dict[tuple[str, str], tuple[Any, Any]]]
 
 
+def _feature_cache(mod_json: str, target_json: str) -> Path:
+    """The cache file of one task's candidate features (its module, target, TVM version and extractor)."""
+    import tvm
+
+    key = digest({"mod": hashlib.sha256(mod_json.encode()).hexdigest(), "target": target_json,
+                  "tvm": tvm.__version__, "features": "PerStoreFeature", "width": FEATURE_WIDTH})
+    return cache_root() / "trial-features" / f"{key}.npz"
+
+
+def cached_features(mod_json: str, target_json: str, traces: Sequence[str]) -> list[np.ndarray | None]:
+    """:func:`trial_features` of a task stored as JSON, kept in ``$OPBENCH_CACHE/trial-features``: a
+    candidate's features are computed once per module, target and TVM version (a cache file that does
+    not read is computed again; one that cannot be written leaves the features uncached)."""
+    import tvm
+
+    path = _feature_cache(mod_json, target_json)
+    known: dict[str, np.ndarray | None] = {}
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                rows, feats = arrays["rows"], arrays["features"]
+                parts = np.split(feats, np.cumsum(np.maximum(rows, 0))[:-1]) if len(rows) else []
+                known = {str(k): (p if n >= 0 else None) for k, n, p in zip(arrays["keys"], rows, parts, strict=True)}
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile):
+            known = {}
+    keys = [hashlib.sha256(t.encode()).hexdigest()[:24] for t in traces]
+    missing = {k: t for k, t in zip(keys, traces, strict=True) if k not in known}
+    if missing:
+        computed = trial_features(tvm.ir.load_json(mod_json), target_for(target_json), list(missing.values()))
+        known.update(zip(missing, computed, strict=True))
+        _write_cache(path, known)
+    return [known[k] for k in keys]
+
+
+def _write_cache(path: Path, known: dict[str, np.ndarray | None]) -> None:
+    rows = np.array([-1 if f is None else len(f) for f in known.values()], dtype="int64")
+    feats = [f for f in known.values() if f is not None]
+    arrays = {"keys": np.array(list(known), dtype="U24"), "rows": rows,
+              "features": np.concatenate(feats).astype("float32") if feats else np.zeros((0, FEATURE_WIDTH), "float32")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        with open(part, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(part, path)
+    except OSError as err:  # a read-only home: the features are computed again next time
+        log.debug("feature cache not written (%s)", err)
+
+
+def _task_rows(source: str) -> dict[str, dict[str, Any]]:
+    """The ``tasks`` table of a dataset or records folder by ``workload_id``."""
+    if Path(source).is_dir():
+        from ..dataset import records
+
+        rows = records.read_rows(source, "tasks")
+    else:
+        from .base import open_dataset
+
+        with open_dataset(source) as ds:
+            try:
+                rows = ds.rows("tasks")
+            except sqlite3.OperationalError:  # a dataset older than the tasks table
+                rows = []
+    return {r["workload_id"]: r for r in rows}
+
+
+def _sampled_task(task: dict[str, Any], trows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a sampled task's rows do not say: the models that use it (its ``uses``), its dtype and weight."""
+    uses = json_value(task.get("uses")) or []
+    models = sorted({str(u["model"]) for u in uses}) or [str(trows[0]["model"])]
+    return {"model": "+".join(models), "models": models, "source": "task",
+            "groups": frozenset(f"{u.get('source', '')}:{u['model']}" for u in uses) or None,
+            "dtype": task.get("dtype") or row_dtype(trows[0]),
+            "weight": float(sum(int(u.get("weight") or 1) for u in uses) or trows[0].get("task_weight") or 1)}
+
+
 def trial_examples(path: str, task_modules: TaskModules, device: str | None = None
                    ) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
-    """Per task: its trials' features and latencies (``xs``, ``latency``), model, weight and group hash.
+    """Per task: its trials' features and latencies (``xs``, ``latency``), model(s), weight and group hash.
 
-    The tasks' modules come from ``task_modules`` (the dataset holds no copy of them)."""
+    ``path`` is a dataset or a records folder. Rows of tuning runs name their model: their tasks'
+    modules come from ``task_modules`` (re-extracted). Sampled rows (``opbench sample``, source
+    ``task``) name a task of the ``tasks`` table, which holds its module and the models that use it;
+    their features are cached (:func:`cached_features`).
+    """
     from tvm.s_tir.meta_schedule.utils import shash2hex
 
     rows, device_name = dataset_rows(path, "trials", device)
-    modules = task_modules(rows)
+    sampled = [r for r in rows if r.get("source") == "task"]
+    tuned = [r for r in rows if r.get("source") != "task"]
+    modules = task_modules(tuned) if tuned else {}
+    tasks = _task_rows(path) if sampled else {}
     by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_task[(r["workload_id"], r["task"])].append(r)
     out = {}
-    for key, trows in by_task.items():
-        if key not in modules:
+    for n, (key, trows) in enumerate(by_task.items()):
+        task = tasks.get(key[0]) if trows[0].get("source") == "task" else None
+        if task is not None:
+            import tvm
+
+            feats = cached_features(task["mod"], task["target"], [r["trace"] for r in trows])
+            mod = tvm.ir.load_json(task["mod"])
+            info = _sampled_task(task, trows)
+        elif key in modules:
+            mod, target = modules[key]
+            feats = trial_features(mod, target, [r["trace"] for r in trows])
+            info = {"model": trows[0]["model"], "models": [trows[0]["model"]], "source": trows[0].get("source", ""),
+                    "groups": None, "dtype": row_dtype(trows[0]), "weight": float(trows[0].get("task_weight") or 1)}
+        else:
             continue
-        mod, target = modules[key]
-        feats = trial_features(mod, target, [r["trace"] for r in trows])
+        if n and n % 100 == 0:
+            log.info("trials: features of %d of %d tasks", n, len(by_task))
         kept = [(f, float(r["latency_median_s"])) for f, r in zip(feats, trows, strict=True) if f is not None]
         if len(kept) < MIN_TRIALS:
             continue
-        out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]),
-                    "model": trows[0]["model"], "source": trows[0].get("source", ""),
-                    "dtype": row_dtype(trows[0]), "workload_id": key[0], "task": key[1],
-                    "weight": float(trows[0].get("task_weight") or 1), "group_hash": shash2hex(mod),
+        out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]), **info,
+                    "workload_id": key[0], "task": key[1], "group_hash": shash2hex(mod),
                     "target_kind": target_kind(trows[0]["target"])}
     return out, device_name
 
@@ -217,45 +315,114 @@ class TrialsPredictor(Predictor):
         return model
 
 
-def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0
-             ) -> dict[str, Any]:
-    """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task."""
-    check_split(split)
-    items = list(tasks.values())
-    if len(items) < MIN_TASKS:
-        raise OpBenchError(f"too few tuned tasks with at least {MIN_TRIALS} valid trials: {len(items)} "
-                           f"(needed: at least {MIN_TASKS}; tune with --iftune true)")
-    # one entry per candidate: (task index, candidate index)
-    entries = [(t, c) for t, item in enumerate(items) for c in range(len(item["xs"]))]
-    labels = [group_label(items[t], split) if split in ("by_model", "by_dtype") else t for t, _ in entries]
-    scores = np.zeros(len(entries))
+def _labels(items: list[dict[str, Any]], entries: list[tuple[int, int]], split: str) -> list[Any]:
+    """Each candidate's group for ``split``: its task, or its task's model(s) or dtype."""
+    def label(item: dict[str, Any]) -> Any:
+        if split == "by_model" and item.get("groups"):
+            return item["groups"]  # every model that uses the task (see opbench.predict.splits)
+        return group_label(item, split)
+
+    per_task = [label(item) if split in ("by_model", "by_dtype") else t for t, item in enumerate(items)]
+    return [per_task[t] for t, _ in entries]
+
+
+def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]], labels: list[Any], split: str,
+                    k: int, seed: int, limit: int | None = None) -> tuple[np.ndarray, list[int], list[dict[str, Any]]]:
+    """Held-out scores of every candidate (NaN where no fold tests it), each fold's training size, and what
+    each fold trained and tested on (tasks and models); ``limit``: each fold trains on at most that many
+    candidates, drawn at random from its training side."""
+    scores = np.full(len(entries), np.nan)
     n_train = []
+    detail = []
+    rng = np.random.default_rng(seed)
     for train, test in folds(labels, split, k, seed):
+        if limit is not None and len(train) > limit:
+            train = np.sort(rng.choice(train, size=limit, replace=False))
         chosen: dict[int, list[int]] = defaultdict(list)
         for i in train:
             t, c = entries[i]
             chosen[t].append(c)
         part = [{**items[t], "xs": [items[t]["xs"][c] for c in cs], "latency": items[t]["latency"][cs]}
-                for t, cs in chosen.items()]
+                for t, cs in chosen.items() if len(cs) >= MIN_TRIALS]
+        if not part:
+            continue
         model = fit_xgb(part, seed)
         scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
-        n_train.append(len(train))
-    latency = np.array([items[t]["latency"][c] for t, c in entries])
-    groups = [t for t, _ in entries]
-    ratio = np.array([items[t]["latency"].min() / items[t]["latency"][c] for t, c in entries])
-    weights = {t: items[t]["weight"] for t in range(len(items))}
-    metrics = {"mape": None, "within_10pct": None, "rmse": rmse(ratio, scores), "r2": r2(ratio, scores),
-               "pairwise": pairwise(-latency, scores, groups), "top1": top_k(latency, scores, groups, 1, weights),
-               "top5": top_k(latency, scores, groups, 5, weights)}
+        n_train.append(sum(len(p["xs"]) for p in part))
+        tested = sorted({entries[i][0] for i in test})
+        detail.append({"train_tasks": sorted(f"{p['workload_id']}/{p['task']}" for p in part),
+                       "test_tasks": sorted(f"{items[t]['workload_id']}/{items[t]['task']}" for t in tested),
+                       "train_models": sorted({m for p in part for m in p["models"]}),
+                       "test_models": sorted({m for t in tested for m in items[t]["models"]})})
+    return scores, n_train, detail
+
+
+def _ranking(items: list[dict[str, Any]], entries: list[tuple[int, int]], scores: np.ndarray,
+             where: np.ndarray) -> dict[str, Any]:
+    """Pairwise accuracy, top-1 and top-5 over the candidates in ``where`` (inside each task)."""
+    idx = np.flatnonzero(where)
+    latency = np.array([items[entries[i][0]]["latency"][entries[i][1]] for i in idx])
+    groups = [entries[i][0] for i in idx]
+    ratio = np.array([items[t]["latency"].min() / items[t]["latency"][c] for t, c in (entries[i] for i in idx)])
+    weights = {t: items[t]["weight"] for t in set(groups)}
+    sc = scores[idx]
+    return {"mape": None, "within_10pct": None, "rmse": rmse(ratio, sc), "r2": r2(ratio, sc),
+            "pairwise": pairwise(-latency, sc, groups), "top1": top_k(latency, sc, groups, 1, weights),
+            "top5": top_k(latency, sc, groups, 5, weights), "tasks": len(set(groups)), "candidates": len(idx)}
+
+
+def _entries(tasks: dict[tuple[str, str], dict[str, Any]], split: str) -> tuple[list[dict[str, Any]], list[Any],
+                                                                                 list[Any]]:
+    check_split(split)
+    items = list(tasks.values())
+    if len(items) < MIN_TASKS:
+        raise OpBenchError(f"too few tuned tasks with at least {MIN_TRIALS} valid trials: {len(items)} "
+                           f"(needed: at least {MIN_TASKS}; tune with --iftune true, or sample with opbench sample)")
+    entries = [(t, c) for t, item in enumerate(items) for c in range(len(item["xs"]))]
+    return items, entries, _labels(items, entries, split)
+
+
+def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0
+             ) -> dict[str, Any]:
+    """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task, overall and
+    by dtype. With ``by_model``, a task that a held-out model shares with a training model is neither
+    trained on nor tested in that fold (``untested`` counts the candidates no fold could test)."""
+    items, entries, labels = _entries(tasks, split)
+    scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed)
+    tested = ~np.isnan(scores)
+    dtypes = np.array([items[t]["dtype"] for t, _ in entries])
+    metrics = _ranking(items, entries, scores, tested)
+    by_dtype = {str(d): _ranking(items, entries, scores, tested & (dtypes == d))
+                for d in sorted(set(dtypes[tested]))}
     held_out = []
-    for t, idx in by_group(groups).items():
+    for t, idx in by_group([t for t, _ in entries]).items():
+        idx = [i for i in idx if tested[i]]
+        if not idx:
+            continue
         item = items[t]
-        held_out.append({"model": item["model"], "task": item["task"], "trials": len(idx),
-                         "pairwise": pairwise(-latency[idx], scores[idx], [t] * len(idx)),
-                         "top1": top_k(latency[idx], scores[idx], [t] * len(idx), 1)})
-    return {"n_train": int(np.mean(n_train)), "n_test": len(entries), "folds": len(n_train), "metrics": metrics,
-            "per_kind": {}, "held_out": held_out}
+        latency = item["latency"][[entries[i][1] for i in idx]]
+        held_out.append({"model": item["model"], "task": item["task"], "dtype": item["dtype"], "trials": len(idx),
+                         "pairwise": pairwise(-latency, scores[idx], [t] * len(idx)),
+                         "top1": top_k(latency, scores[idx], [t] * len(idx), 1)})
+    return {"n_train": int(np.mean(n_train)) if n_train else 0, "n_test": int(tested.sum()),
+            "untested": int((~tested).sum()), "folds": len(n_train), "metrics": metrics, "by_dtype": by_dtype,
+            "per_kind": {}, "held_out": held_out,
+            "fold_models": [{"test": d["test_models"], "train": d["train_models"]} for d in detail],
+            "fold_tasks": [{"test": d["test_tasks"], "train": d["train_tasks"]} for d in detail]}
 
 
-__all__ = ["XGB_PARAMS", "TaskModules", "TrialsPredictor", "evaluate", "fit_xgb", "target_for", "trial_examples",
-           "trial_features"]
+def learning_curve(tasks: dict[tuple[str, str], dict[str, Any]], sizes: Sequence[int], split: str = "by_model",
+                   k: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`evaluate`'s overall metrics with each fold trained on at most ``size`` candidates (drawn at
+    random from its training side) for each of ``sizes``: how the ranking improves with more records."""
+    items, entries, labels = _entries(tasks, split)
+    out = []
+    for size in sizes:
+        scores, n_train, _ = _cross_validate(items, entries, labels, split, k, seed, limit=int(size))
+        out.append({"records": int(size), "n_train": int(np.mean(n_train)) if n_train else 0,
+                    **_ranking(items, entries, scores, ~np.isnan(scores))})
+    return out
+
+
+__all__ = ["XGB_PARAMS", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_xgb",
+           "learning_curve", "target_for", "trial_examples", "trial_features"]

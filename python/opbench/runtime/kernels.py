@@ -53,12 +53,14 @@ class OperatorKernels:
                 for s, d in zip(node.output_shapes, node.output_dtypes, strict=True)]
 
     def resolve(self, ref: ArgRef, inputs: Sequence[Any], values: dict[int, list[Any]]) -> Any:
-        """The tensor an argument refers to."""
+        """The tensor an argument refers to (a view of it where the argument is a reshape)."""
         if ref.kind == "input":
-            return inputs[ref.index]
-        if ref.kind == "const":
-            return self.constant(ref.index)
-        return values[ref.index][ref.item]
+            tensor = inputs[ref.index]
+        elif ref.kind == "const":
+            tensor = self.constant(ref.index)
+        else:
+            tensor = values[ref.index][ref.item]
+        return tensor if ref.shape is None else tensor._create_view(ref.shape)  # noqa: SLF001 (TVM's view)
 
     def args_for(self, index: int, inputs: Sequence[Any], values: dict[int, list[Any]]) -> list[Any]:
         """The argument tensors of operator ``index``."""

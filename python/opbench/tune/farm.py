@@ -12,6 +12,9 @@ them one after another; here they overlap:
 * **The parent** keeps every worker busy: it starts a task's sampling when too few candidates wait
   to be built, keeps a bounded queue of built libraries ahead of the measurers, and hands each
   finished candidate to a sink (the dataset writer) at once: a crash loses nothing measured.
+* **Remote devices.** With ``rpc`` (TVM's RPC tracker), each measurer is a session on one device that
+  registered with the tracker under a key, on this host or another: builds stay here, each library is
+  uploaded to the session's server, timed there and removed. Every session is a measurer of its own.
 * **Limits.** Each build and each measurement has its own timeout: a worker past it is killed and
   restarted, and the candidate recorded as ``build_timeout`` or ``run_timeout``. A worker that dies
   records ``build_error``/``run_error`` with the reason. A child never outlives the parent (it is
@@ -90,6 +93,7 @@ class FarmConfig:
     ahead: int = 0  # built or building candidates not yet measured, at most (0: 2 per builder, 8 per device)
     progress_s: float = 5.0
     time_limit_s: float | None = None  # then no new candidate starts; those built are measured (a re-run resumes)
+    rpc: dict[str, Any] | None = None  # RPC tracker (host, port, key, timeout_s): one measurer per ``devices`` entry
 
 
 @dataclasses.dataclass
@@ -228,28 +232,49 @@ _ARGS: dict[str, Any] = {}  # a measurer's argument buffers by signature (candid
 _FLUSH: list[Any] = []
 
 
-def _job_measure(path: str, args_info: list[Any], timing: dict[str, Any], kind: str) -> Iterator[tuple[str, Any]]:
+_SESSION: list[Any] = []  # a remote measurer's RPC session, opened by its first job
+
+
+def _job_measure(path: str, args_info: list[Any], timing: dict[str, Any], kind: str,
+                 rpc: dict[str, Any] | None = None) -> Iterator[tuple[str, Any]]:
     start = time.perf_counter()
-    result = measure_artifact(path, args_info, Timing(**timing), kind)
+    result = measure_artifact(path, args_info, Timing(**timing), kind, rpc)
     result["seconds"] = time.perf_counter() - start
     yield "done", result
 
 
-def _device(kind: str) -> Any:
+def _device(kind: str, rpc: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """``(RPC session or None, device)``: this machine's device, or the remote one of this measurer's session."""
     import tvm
 
-    return tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+    if rpc is None:
+        return None, (tvm.cuda(0) if kind == "cuda" else tvm.cpu(0))
+    if not _SESSION:
+        from ..profile.rpc import RPCSpec
+
+        spec = RPCSpec(rpc["host"], int(rpc["port"]), rpc["key"], timeout_s=float(rpc.get("timeout_s", 10.0)),
+                       session_s=0)  # the session lives as long as this measurer
+        _SESSION.append(spec.session())
+        _ARGS.clear()
+    session = _SESSION[0]
+    return session, (session.cuda(0) if kind == "cuda" else session.cpu(0))
 
 
-def _arguments(args_info: list[Any], dev: Any) -> list[Any]:
-    """Random arguments for a PrimFunc (MetaSchedule's ArgInfo JSON), reused for equal signatures."""
+def _arguments(args_info: list[Any], dev: Any, session: Any = None) -> list[Any]:
+    """Random arguments for a PrimFunc (MetaSchedule's ArgInfo JSON), reused for equal signatures; on the
+    session's device when remote."""
     key = json.dumps(args_info)
     if key not in _ARGS:
-        from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
-
         if len(_ARGS) > 64:
             _ARGS.clear()
-        _ARGS[key] = default_alloc_argument(dev, args_info, 1)[0]
+        if session is None:
+            from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+            _ARGS[key] = default_alloc_argument(dev, args_info, 1)[0]
+        else:
+            from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument as remote_alloc
+
+            _ARGS[key] = remote_alloc(session, dev, args_info, 1)[0]
     return _ARGS[key]
 
 
@@ -273,8 +298,10 @@ def _flush_function(dev: Any) -> str:
     return "opbench.sample.flush_l2"
 
 
-def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str) -> dict[str, Any]:
-    """Load the library at ``path`` and time its function (in a measurer worker).
+def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str,
+                     rpc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load the library at ``path`` and time its function (in a measurer worker; with ``rpc``, on the
+    remote device of this worker's session: uploaded, timed there, removed).
 
     ``number`` is chosen from a first timing of one call, so that a sample lasts at least
     ``timing.min_repeat_ms``; a kernel faster than ``timing.fast_s`` gets twice the samples. With
@@ -285,11 +312,17 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str)
 
     from .measure import exception_text
 
-    dev = _device(kind)
+    remote_name = None
     try:
-        mod = tvm.runtime.load_module(path)
-        args = _arguments(args_info, dev)
-        name = mod.entry_name
+        session, dev = _device(kind, rpc)
+        if session is None:
+            mod = tvm.runtime.load_module(path)
+        else:
+            remote_name = os.path.basename(path)
+            session.upload(path, remote_name)
+            mod = session.load_module(remote_name)
+        args = _arguments(args_info, dev, session)
+        name = mod.entry_name  # "main", also for a remote module
         first = float(mod.time_evaluator(name, dev, number=1, repeat=1)(*args).results[0])
         preproc = _flush_function(dev) if timing.flush_l2 else ""
         number = 1 if timing.flush_l2 else max(1, min(timing.max_number,
@@ -298,7 +331,13 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str)
         evaluator = mod.time_evaluator(name, dev, number=number, repeat=repeat, f_preproc=preproc)
         secs = [float(s) for s in evaluator(*args).results]
     except Exception as err:
+        if rpc is not None:
+            _SESSION.clear()  # a broken connection: the next job opens a new session
         return {"error": exception_text(err)}
+    finally:
+        if remote_name is not None and _SESSION:
+            with contextlib.suppress(Exception):
+                _SESSION[0].remove(remote_name)
     median = statistics.median(secs)
     return {"run_secs": secs, "number": number, "repeats": repeat,
             "spread": (max(secs) - min(secs)) / median if median > 0 else None}
@@ -416,6 +455,10 @@ class Farm:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             list(range(os.cpu_count() or 1))
         cpu = config.target_kind != "cuda"
+        if config.rpc is not None:  # one measurer per remote session; every core here builds
+            measurers = [Worker(f"rpc{i}", "measure", dict(os.environ)) for i in range(len(devices))]
+            builders = config.builders or max(1, len(cores))
+            return [Worker(f"build{i}", "build", _builder_env(config.compiler)) for i in range(builders)], measurers
         if cpu:  # a CPU measurer uses its group of cores (all of them for one device)
             groups: list[Any] = cpu_groups(len(devices)) if len(devices) > 1 else [None] * len(devices)
             spare = None
@@ -502,7 +545,7 @@ class Farm:
                 stats.queue_wait_s += time.perf_counter() - item["built_at"]
                 worker.submit(self._id(), "measure", config.run_timeout_s, path=item["path"],
                               args_info=item["task"].args_info, timing=dataclasses.asdict(config.timing),
-                              kind=config.target_kind, _context=item)
+                              kind=config.target_kind, rpc=config.rpc, _context=item)
             busy = [w for w in builders + measurers if not w.idle]
             if not busy:
                 if pending or to_build or built:
