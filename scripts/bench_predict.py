@@ -17,6 +17,12 @@ predicted operator latencies only, ``DIR/predict_schedules_latency_only.json``).
     PYTHONPATH=python python3 scripts/bench_predict.py --part metrics --out data/benchmarks
     PYTHONPATH=python python3 scripts/bench_predict.py --part schedules --out DIR
 
+``--part records`` (any machine) evaluates the trials cost model on a records folder (``--records``, the
+shipped ``data/dataset``): held-out models whose tasks no training model shares, by dtype, and a
+learning curve. Writes ``DIR/predict_records.json``.
+
+    PYTHONPATH=python python3 scripts/bench_predict.py --part records --out data/benchmarks
+
 ``--part precision`` (any machine) trains on the float16/bfloat16 rows (``--half-dataset``): the
 latency and co-run predictors with one model held out at a time (all its batch sizes and
 precisions), and the transfer from float32: a latency predictor fit on ``--dataset``'s float32 rows
@@ -230,9 +236,47 @@ def pretrained(args: argparse.Namespace) -> dict:
     return out
 
 
+def records(args: argparse.Namespace) -> dict:
+    """The trials cost model on a records folder (``--records``): held-out models whose tasks no training
+    model shares, by dtype, and a learning curve (each fold trained on at most N records)."""
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import trials
+
+    start = time.perf_counter()
+    tasks, device = trials.trial_examples(args.records, task_modules)
+    features_s = time.perf_counter() - start
+    skip = {m.strip() for m in args.exclude.split(",") if m.strip()}
+    tasks = {k: t for k, t in tasks.items() if not skip & set(t["models"])}
+    n = sum(len(t["xs"]) for t in tasks.values())
+    print(f"{len(tasks)} tasks, {n} records on {device} (features {features_s:.0f} s)", flush=True)
+    start = time.perf_counter()
+    report = trials.evaluate(tasks, "by_model", args.folds, 0)
+    report.pop("fold_tasks")
+    evaluate_s = time.perf_counter() - start
+    m = report["metrics"]
+    print(f"held-out models: pairwise {m['pairwise']:.3f} top-1 {m['top1']:.3f} top-5 {m['top5']:.3f}", flush=True)
+    sizes = sorted({min(int(s), n) for s in args.curve.split(",")})
+    curve = trials.learning_curve(tasks, sizes, "by_model", args.folds, 0)
+    for point in curve:
+        print(f"  trained on <= {point['records']}: pairwise {point['pairwise']:.3f} top-1 {point['top1']:.3f} "
+              f"top-5 {point['top5']:.3f}", flush=True)
+    return {"records": shown(args.records), "device_name": device, "excluded": sorted(skip), "tasks": len(tasks),
+            "candidates": n, "models": sorted({m for t in tasks.values() for m in t["models"]}),
+            "split": "by_model (a task shared by a held-out model and a training model is in neither side)",
+            "folds": args.folds, "features_s": features_s, "evaluate_s": evaluate_s, **report,
+            "learning_curve": curve}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision"])
+    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision", "records"])
+    parser.add_argument("--records", default=str(ROOT / "data" / "dataset"), help="--part records: the folder")
+    parser.add_argument("--exclude", default="resnet-50",
+                        help="--part records: models left out with every task they use (tuned later with the "
+                             "pretrained model)")
+    parser.add_argument("--folds", type=int, default=5, help="--part records: folds over the models")
+    parser.add_argument("--curve", default="1000,3000,100000000",
+                        help="--part records: training sizes of the learning curve (records per fold)")
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")
     parser.add_argument("--tune-model", default="googlenet")
     parser.add_argument("--target", default="llvm")
@@ -252,7 +296,8 @@ def main() -> int:
                              "scheduling cost's own stage model on predicted operator latencies)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision}
+    parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision,
+             "records": records}
     result = parts[args.part](args)
     if args.part == "schedules":
         try:

@@ -137,6 +137,11 @@ def device_figures(index: int | None = None) -> dict[str, Any]:
     return out
 
 
+def operator_range(index: int, kind: str, func: str) -> str:
+    """The NVTX range of an operator timed by :meth:`CudaProfiler.time` (at most 120 characters)."""
+    return f"opbench #{index} {kind} {func}"[:120]
+
+
 class CudaProfiler(Profiler):
     """Times operators and co-run groups on the GPU (see the module docstring for the method)."""
 
@@ -257,8 +262,18 @@ class CudaProfiler(Profiler):
 
     def time(self, kernels: OperatorKernels, index: int, args: Sequence[Any], outs: Sequence[Any],
              config: TimingConfig) -> Timing:
-        """Time one operator (its kernels captured in a CUDA Graph, see :meth:`time_launch`)."""
-        return self.time_launch(lambda: kernels.call(index, args, outs), config)
+        """Time one operator (its kernels captured in a CUDA Graph, see :meth:`time_launch`) inside an NVTX
+        range named ``opbench #INDEX KIND FUNC``: Nsight Compute profiles one operator of a collection with
+        ``ncu --nvtx --nvtx-include "opbench #12 conv2d/" --graph-profiling node`` (one push and one pop per
+        operator, outside the timed replays)."""
+        import torch
+
+        node = kernels.graph[index]
+        torch.cuda.nvtx.range_push(operator_range(index, node.kind, node.func))
+        try:
+            return self.time_launch(lambda: kernels.call(index, args, outs), config)
+        finally:
+            torch.cuda.nvtx.range_pop()
 
     # co-runs -----------------------------------------------------------------------------
     def corun(self, kernels: OperatorKernels, group: Sequence[int], inputs: Sequence[Any],
