@@ -3,8 +3,12 @@
 Each phase runs the ``opbench sample`` command a user runs (``--json`` for its summary) and reads the rows
 it stored, then writes one JSON summary to ``--out``:
 
-* ``compilers``: the same tasks sampled with ``--cuda-compiler nvcc`` and with ``nvrtc``, side by side:
-  build seconds per candidate, records per second, the share of builds that hit the timeout;
+* ``compilers``: the same tasks sampled with ``--cuda-compiler nvcc``, ``nvrtc`` and ``nvrtc-pch``, side by
+  side: build seconds per candidate, records per second, the share of builds that hit the timeout;
+* ``compile`` (no GPU needed, NVRTC and CUDA's headers are): the CUDA sources of ``--count`` stored float16
+  candidates of ``--records`` compiled by TVM's own NVRTC callback and by the ``nvrtc-pch`` one that
+  builders register, interleaved in one process: seconds per candidate and whether each kernel's PTX is the
+  same (but for unused header constants);
 * ``before-after``: records per second of a tuning run (``opbench collect --iftune true --trials N``, the
   only way to get schedule records before ``opbench sample``) and of ``opbench sample`` on the same model,
   one after the other: trial rows stored over the command's wall time;
@@ -14,6 +18,7 @@ it stored, then writes one JSON summary to ``--out``:
   most 3 %, and the audit's median and p95 relative difference.
 
     PYTHONPATH=python python3 scripts/bench_sample.py --phase compilers --out DIR
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase compile --count 60 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --models local:resnet-50,transformers:bert \
         --dtypes float32,float16 --time-limit 240 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --target llvm --models simple:matmul:n=128 \
@@ -82,11 +87,73 @@ def _sample(args: argparse.Namespace, work: Path, name: str, extra: list[str], l
             "quality": _quality(rows), "tail": tail}
 
 
+def compile_phase(args: argparse.Namespace) -> dict:
+    """The ``compile`` phase (see the module docstring)."""
+    import random
+    import statistics
+    import time
+
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
+    from tvm.support.nvcc import compile_cuda
+
+    from opbench.dataset import records
+    from opbench.predict.trials import target_for
+    from opbench.runtime.startup import import_tensor_intrinsics
+    from opbench.tune.measure import _PCH, build_candidate, use_cuda_compiler
+
+    import_tensor_intrinsics()
+    tasks = {t["workload_id"]: t for t in records.read_rows(args.records, "tasks")}
+    rows = [r for r in records.read_rows(args.records) if r["build_status"] == "ok" and r["dtype"] == "float16"]
+    random.Random(0).shuffle(rows)
+    sources = []
+    for r in rows[:args.count]:  # each candidate's CUDA source, as TVM's codegen writes it
+        task = tasks[r["workload_id"]]
+        sch = Schedule(tvm.ir.load_json(task["mod"]))
+        Trace.apply_json_to_schedule(json.loads(r["trace"]), sch)
+        lib = build_candidate(sch.mod, target_for(task["target"]))
+        sources.append((r["task"], (lib.imports if hasattr(lib, "imports") else lib.imported_modules)[0]
+                        .inspect_source()))
+    os.environ["TVM_CUDA_COMPILE_MODE"] = "nvrtc"
+    plain = tvm_ffi.get_global_func("tvm_callback_cuda_compile")  # TVM's own
+    use_cuda_compiler("nvrtc-pch")
+    pch = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+    times: dict[str, list[float]] = {"nvrtc": [], "nvrtc-pch": []}
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}):
+        for i, (_name, source) in enumerate(sources):  # interleaved, the first of each pair alternating
+            for mode in (("nvrtc", "nvrtc-pch") if i % 2 == 0 else ("nvrtc-pch", "nvrtc")):
+                start = time.perf_counter()
+                (plain if mode == "nvrtc" else pch)(source)
+                times[mode].append(time.perf_counter() - start)
+    same = 0
+    for _name, source in sources:
+        a = bytes(compile_cuda(source, target_format="ptx", arch="sm_90", compiler="nvrtc")).decode()
+        b = bytes(compile_cuda(source, target_format="ptx", arch="sm_90", compiler="nvrtc",
+                               options=_PCH["options"])).decode()
+        same += [x for x in a.splitlines() if not x.startswith(".global .align")] == \
+            [x for x in b.splitlines() if not x.startswith(".global .align")]
+    out = {"candidates": len(sources), "cpu_cores": os.cpu_count(), "same_ptx": same,
+           "pch_failed": _PCH.get("failed")}
+    for mode, ts in times.items():
+        out[mode] = {"median_s": statistics.median(ts), "mean_s": statistics.mean(ts), "total_s": sum(ts),
+                     "first_s": ts[0]}
+    out["speedup_total"] = out["nvrtc"]["total_s"] / out["nvrtc-pch"]["total_s"]
+    out["speedup_median"] = out["nvrtc"]["median_s"] / out["nvrtc-pch"]["median_s"]
+    print(f"{len(sources)} candidates: nvrtc {out['nvrtc']['median_s']:.3f} s median, nvrtc-pch "
+          f"{out['nvrtc-pch']['median_s']:.3f} s ({out['speedup_total']:.2f}x in total); same PTX {same}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/opbench-bench-sample")
-    parser.add_argument("--phase", choices=["compilers", "main", "before-after"], default="main")
+    parser.add_argument("--phase", choices=["compilers", "compile", "main", "before-after"], default="main")
+    parser.add_argument("--records", default=str(Path(__file__).resolve().parents[1] / "data" / "dataset"),
+                        help="--phase compile: the records folder whose candidates are compiled")
+    parser.add_argument("--count", type=int, default=60, help="--phase compile: candidates")
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--models", default="local:resnet-50,transformers:bert")
     parser.add_argument("--dtypes", default="float32,float16")
@@ -104,8 +171,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     log = out / f"bench_sample_{args.phase}{args.tag}.log"
     result: dict = {"phase": args.phase, "target": args.target}
-    if args.phase == "compilers":
-        for compiler in ("nvcc", "nvrtc"):
+    if args.phase == "compile":
+        result.update(compile_phase(args))
+    elif args.phase == "compilers":
+        for compiler in ("nvcc", "nvrtc", "nvrtc-pch"):
             run = _sample(args, work, f"compiler-{compiler}", ["--modelname", "resnet-50", "--tasks",
                                                                str(args.tasks or 3), "--cuda-compiler", compiler], log)
             s = run["summary"]

@@ -91,7 +91,9 @@ def add_parser(sub: Any) -> None:
                    help="RPC sessions measuring at once (default: one per device registered with the key)")
     s.add_argument("--builders", type=nonneg_int, default=None,
                    help="sampling and building processes (default 0: every core not measuring)")
-    s.add_argument("--cuda-compiler", default=None, choices=["nvrtc", "nvcc"], help="CUDA's kernel compiler")
+    s.add_argument("--cuda-compiler", default=None, choices=["nvrtc-pch", "nvrtc", "nvcc"],
+                   help="CUDA's kernel compiler (default: nvrtc-pch, NVRTC parsing the headers every kernel "
+                        "includes once per builder: the same kernels, about 3x faster to compile)")
     s.add_argument("--build-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="a candidate's build is killed after this long and recorded as build_timeout (default 10)")
     s.add_argument("--run-timeout", type=positive_float, default=None, metavar="SECONDS",

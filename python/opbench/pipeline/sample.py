@@ -34,7 +34,7 @@ from .spec import Spec, SpecError
 log = logging.getLogger("opbench")
 
 MAX_PER_TASK = 100_000
-COMPILERS = ("nvrtc", "nvcc")
+COMPILERS = ("nvrtc-pch", "nvrtc", "nvcc")  # opbench.tune.measure.CUDA_COMPILERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,9 @@ class SampleJob(Spec):
         Fraction of candidates measured a second time at the end (the summary reports the median and
         p95 of the relative difference).
     compiler:
-        CUDA's kernel compiler, ``nvrtc`` or ``nvcc`` (``None``: TVM's default).
+        CUDA's kernel compiler: ``nvrtc-pch`` (NVRTC with the headers every kernel includes precompiled
+        once per builder, :func:`opbench.tune.measure.use_cuda_compiler`; the default), ``nvrtc`` or
+        ``nvcc`` (``None``: TVM's default, NVRTC).
     tasks_limit:
         Sample only the first N tasks (heaviest first, by uses × FLOPs).
     time_limit_s:
@@ -101,7 +103,7 @@ class SampleJob(Spec):
     build_timeout_s: float = 10.0
     run_timeout_s: float = 10.0
     audit: float = 0.0
-    compiler: str | None = None
+    compiler: str | None = "nvrtc-pch"
     tasks_limit: int | None = None
     time_limit_s: float | None = None
     dataset: str = "data/opbench.sqlite"

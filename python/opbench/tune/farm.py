@@ -89,7 +89,7 @@ class FarmConfig:
     build_timeout_s: float = 10.0
     run_timeout_s: float = 10.0
     audit: float = 0.0  # fraction of candidates measured a second time at the end
-    compiler: str | None = None  # CUDA: "nvrtc" or "nvcc" (TVM_CUDA_COMPILE_MODE)
+    compiler: str | None = None  # CUDA: "nvrtc-pch", "nvrtc" or "nvcc" (opbench.tune.measure.use_cuda_compiler)
     ahead: int = 0  # built or building candidates not yet measured, at most (0: 2 per builder, 8 per device)
     progress_s: float = 5.0
     time_limit_s: float | None = None  # then no new candidate starts; those built are measured (a re-run resumes)
@@ -188,8 +188,10 @@ def _serve(conn: Any, role: str, cores: list[int] | None = None) -> None:
 
     if role == "build":
         from ..runtime.startup import import_tensor_intrinsics
+        from .measure import use_cuda_compiler
 
         import_tensor_intrinsics()
+        use_cuda_compiler(os.environ.get("OPBENCH_CUDA_COMPILER") or None)
     conn.send((0, "ready", None))
     while True:
         try:
@@ -415,7 +417,7 @@ def _restart_after(worker: Worker, error: str | None) -> None:
 def _builder_env(compiler: str | None) -> dict[str, str]:
     env = {**os.environ, "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     if compiler:
-        env["TVM_CUDA_COMPILE_MODE"] = compiler
+        env["OPBENCH_CUDA_COMPILER"] = compiler  # read by the builder (_serve)
     return env
 
 
