@@ -150,6 +150,10 @@ def _build_saved(mod_json: str, target_json: str) -> tuple[str | None, str | Non
 def _worker_ready() -> None:
     import tvm  # noqa: F401  (imported once per worker, not once per candidate)
 
+    # CUDA kernels with their headers precompiled once per worker, unless a compiler was chosen
+    use_cuda_compiler(os.environ.get("OPBENCH_CUDA_COMPILER")
+                      or (None if os.environ.get("TVM_CUDA_COMPILE_MODE") else "nvrtc-pch"))
+
 
 @derived_object
 class PoolBuilder(PyBuilder):
