@@ -10,6 +10,9 @@ The collection is a list of sampling jobs (:data:`PLAN`, each a ``SampleJob`` as
 3. The working dataset is packed into ``OUT/records.tar`` (the records folder: Parquet, zstd, files of at
    most 8 MiB) and ``OUT/collect.json`` says what each job stored, how fast, and the totals.
 
+``--tasks-only sm_90`` runs the jobs' first step only (every model's tasks extracted and stored, nothing
+sampled), on any machine: the GPU's calls then load no model.
+
 Regenerate the shipped records from nothing (each call resumes the last; repeat until every job is done):
 
     PYTHONPATH=python python3 scripts/collect_records.py --records data/dataset --out DIR
@@ -62,6 +65,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=520.0, help="seconds of sampling in this invocation")
     parser.add_argument("--per-task", type=int, default=COMMON["per_task"])
     parser.add_argument("--jobs", default=None, help="indices of PLAN to run, comma-separated (default: all)")
+    parser.add_argument("--tasks-only", default=None, metavar="ARCH",
+                        help="extract and store the jobs' tasks for this CUDA arch (e.g. sm_90) and sample nothing: "
+                             "a machine without the GPU prepares the collection, whose GPU time then loads no model")
     args = parser.parse_args()
     start = time.monotonic()
     out = Path(args.out)
@@ -83,6 +89,8 @@ def main() -> int:
         if left < 90:  # too little for a job's start (tasks from the dataset, workers) and some sampling
             break
         job = {**COMMON, **PLAN[index], "per_task": args.per_task, "dataset": str(dataset)}
+        if args.tasks_only:
+            job.update(tasks_only=True, target=json.dumps({"kind": "cuda", "arch": args.tasks_only}))
         config = out / f"job{index}.json"
         config.write_text(json.dumps(job))
         before = _count(dataset)

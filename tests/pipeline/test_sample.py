@@ -252,3 +252,52 @@ def test_two_rpc_servers_measure_every_candidate_once(tmp_path):
     assert all(r["device_name"].endswith("(rpc key cpus)") and r["hostname"].startswith("rpc:cpus@") for r in rows)
     assert len(sessions) == 2 and all(n >= 1 for n in sessions), sessions  # both servers measured
     assert set(result.stats.device_busy_s) == {"rpc0", "rpc1"}
+
+
+def test_tasks_only_prepares_a_cuda_job_without_a_gpu(tmp_path, monkeypatch):
+    """--tasks-only stores the tasks of a CUDA job on a machine without a GPU and samples nothing; the job
+    then finds every task in the dataset and loads no model."""
+    from opbench.pipeline.sample import SampleJob, check_job, extract, sample
+    from opbench.runtime.target import resolve_target
+
+    dataset = tmp_path / "ds.sqlite"
+    target = '{"kind": "cuda", "arch": "sm_90"}'
+    done = _cli("--modelsource", "simple", "--modelname", "matmul:n=64,branchy", "--dtype", "float16", "--target",
+                target, "--tasks-only", "--dataset", str(dataset))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "5 distinct tasks of 2 models" in done.stdout and "nothing sampled" in done.stdout
+    with sqlite3.connect(dataset) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0] == 5
+        assert conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 0
+
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("the model was loaded although its tasks are in the dataset")
+
+    monkeypatch.setattr("opbench.models.load_workload", no_loading)
+    job = SampleJob(models=("matmul:n=64", "branchy"), source="simple", dtypes=("float16",), target=target,
+                    dataset=str(dataset))
+    from opbench.dataset import Dataset
+
+    with Dataset(dataset) as ds:
+        tasks = extract(job, check_job(job), resolve_target(target, local_device=False), ds)
+    assert len(tasks) == 5
+    again = sample(dataclasses.replace(job, tasks_only=True), command="test")  # nothing new to extract
+    assert len(again.tasks) == 5 and again.stats.records == 0
+    with pytest.raises(Exception, match="devices: measures, and tasks_only samples nothing"):
+        SampleJob(tasks_only=True, devices=(0,)).validate()
+
+
+def test_a_task_of_symbolic_shape_is_not_sampled():
+    """gpt2's cumulative sum for CUDA is a kernel of symbolic length: no arguments can be made for it."""
+    import tvm
+    from tvm import te
+
+    from opbench.pipeline.sample import _static
+
+    n = te.var("n")
+    a = te.placeholder((n,), "float32", name="a")
+    b = te.compute((n,), lambda i: a[i] + 1.0, name="b")
+    assert not _static(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+    c = te.placeholder((8,), "float32", name="c")
+    d = te.compute((8,), lambda i: c[i] + 1.0, name="d")
+    assert _static(tvm.IRModule({"main": te.create_prim_func([c, d])}))

@@ -35,7 +35,7 @@ FLAGS = {
     "build_timeout_s": "--build-timeout", "run_timeout_s": "--run-timeout", "audit": "--audit",
     "compiler": "--cuda-compiler", "tasks_limit": "--tasks", "time_limit_s": "--time-limit", "dataset": "--dataset",
     "export_database": "--export-database", "rpc_tracker": "--rpc-tracker", "rpc_key": "--rpc-key",
-    "rpc_workers": "--rpc-workers",
+    "rpc_workers": "--rpc-workers", "tasks_only": "--tasks-only",
 }
 
 
@@ -84,6 +84,10 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--devices", default=None, metavar="N,N",
                    help="one measuring process per device: GPU indices on cuda; on a CPU, that many workers "
                         "each on its share of the cores")
+    s.add_argument("--tasks-only", action="store_const", const=True, default=None,
+                   help="extract and store the models' tasks, sample nothing: no device needed (a CUDA target "
+                        "names its arch, e.g. '{\"kind\": \"cuda\", \"arch\": \"sm_90\"}'); the job "
+                        "on the GPU's machine then loads no model")
     s.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure on the devices registered with this TVM RPC tracker (builds stay here)")
     s.add_argument("--rpc-key", default=None, help="the key the remote devices registered with")
@@ -142,7 +146,8 @@ def job_from_args(args: argparse.Namespace) -> Any:
                   "audit": args.audit, "compiler": args.cuda_compiler, "tasks_limit": args.tasks,
                   "time_limit_s": args.time_limit,
                   "dataset": args.dataset, "export_database": args.export_database,
-                  "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key, "rpc_workers": args.rpc_workers}
+                  "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key, "rpc_workers": args.rpc_workers,
+                  "tasks_only": args.tasks_only}
         given.update({k: v for k, v in simple.items() if v is not None})
         if "dataset" not in given and not args.config and os.environ.get("OPBENCH_DATASET"):
             given["dataset"] = os.environ["OPBENCH_DATASET"]
@@ -163,7 +168,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     # sample() checks every model, the target, the devices and the export folder before any work
     result = sample(job, command=public_command([args.prog_name, *args.argv]))
     summary = result.summary()
-    print(format_summary(summary), file=human(args))
+    if job.tasks_only:
+        print(f"sample: {summary['tasks']} distinct tasks of {len(summary['models'])} models stored in "
+              f"{job.dataset}; nothing sampled (--tasks-only)", file=human(args))
+    else:
+        print(format_summary(summary), file=human(args))
     if args.json:
         write_json(args.json, summary)
     return EXIT_OK

@@ -86,6 +86,9 @@ class SampleJob(Spec):
         (one ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` per GPU on each host):
         builds stay on this machine, each candidate's library is uploaded to a session's device and
         timed there. ``rpc_workers`` sessions measure at once (``None``: one per registered device).
+    tasks_only:
+        Extract and store every model's tasks, sample nothing: no device is needed (a CUDA target names
+        its ``arch``), so a machine without the GPU prepares the job and the GPU's machine loads no model.
     """
 
     models: tuple[str, ...] = ("resnet-18",)
@@ -111,6 +114,7 @@ class SampleJob(Spec):
     rpc_tracker: str | None = None
     rpc_key: str | None = None
     rpc_workers: int | None = None
+    tasks_only: bool = False
 
     def validate(self) -> None:
         """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
@@ -148,6 +152,10 @@ class SampleJob(Spec):
             raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
         if self.tasks_limit is not None and self.tasks_limit < 1:
             raise SpecError("tasks_limit", f"must be 1 or more, got {self.tasks_limit}")
+        if self.tasks_only:
+            for name in ("rpc_tracker", "devices", "export_database"):
+                if getattr(self, name) is not None:
+                    raise SpecError(name, "measures, and tasks_only samples nothing (accepted: one or the other)")
         if self.rpc_tracker is None:
             for name in ("rpc_key", "rpc_workers"):
                 if getattr(self, name) is not None:
@@ -295,6 +303,9 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
         touched: dict[str, SampledTask] = {}
         for task in extracted:
             mod = task.dispatched[0]
+            if not _static(mod):  # a kernel of symbolic shape: no arguments to time it with
+                log.warning("%s: task %s has symbolic shapes; it is not sampled", name, task.task_name)
+                continue
             key = digest({"task": format(tvm_ffi.structural_hash(mod) & (2**64 - 1), "016x"),
                           "target": canonical_target(ms_target)})
             use = {"model": workload.name, "requested": name, "source": workload.source,
@@ -333,6 +344,16 @@ def _flops(mod: Any) -> float:
         return 0.0
 
 
+def _static(mod: Any) -> bool:
+    """Whether the task's arguments have constant shapes (a task of symbolic shape cannot be given
+    arguments, so no candidate of it can be timed)."""
+    try:
+        info = _args_info(mod)
+    except (TypeError, ValueError):  # "Cannot convert from type Array[ir.Var] to Array<ir.IntImm>"
+        return False
+    return all(all(isinstance(d, int) for d in arg[2]) for arg in info if isinstance(arg, list) and len(arg) > 2)
+
+
 def _args_info(mod: Any) -> list[Any]:
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
@@ -347,15 +368,17 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
 
     from ..profile.env import device_id, environment_tags
     from ..runtime.target import canonical_target, is_gpu, resolve_target, tuning_target
-    from ..tune.farm import Farm, FarmConfig, FarmTask, Record, Timing
+    from ..tune.farm import Farm, FarmConfig, FarmStats, FarmTask, Record, Timing
     from ..tune.knobs import decode_knobs
 
     points = check_job(job)
     rpc = job.rpc()
-    target = resolve_target(job.target, local_device=rpc is None)
+    target = resolve_target(job.target, local_device=rpc is None and not job.tasks_only)
     config = f"sample:s{job.seed}"
     tags = environment_tags(target)
-    if rpc is None:
+    if job.tasks_only:  # no device: the tasks are extracted for the target's design spaces and stored
+        ms_target, devices, device_tags, dev_id = tuning_target(target), [], {}, ""
+    elif rpc is None:
         ms_target = tuning_target(target)
         devices: list[int | None] = list(job.devices) if job.devices is not None else [None]
         # each GPU's own columns (name, SMs, driver, CUDA, clock at the start, UUID) on the rows it measured
@@ -388,57 +411,62 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                              replace=True)
 
         tasks = extract(job, points, target, dataset, store, start + job.time_limit_s if job.time_limit_s else None)
-        log.info("%d distinct tasks from %d models; %d candidates each", len(tasks), len(points), job.per_task)
-        farm_tasks = []  # every task's row is stored: as its model was extracted, or before (from the dataset)
-        for task in tasks:
-            mod_json, args_info = encode(task)
-            key = model_key(task.key, dev_id, config, job.flush_l2)
-            done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
-            farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
-                                       args_info, done))
-        by_key = {t.key: t for t in tasks}
+        log.info("%d distinct tasks from %d models%s", len(tasks), len(points),
+                 "" if job.tasks_only else f"; {job.per_task} candidates each")
+        if job.tasks_only:  # the tasks are stored (extract); nothing is sampled
+            stats, stored = FarmStats(), 0
+        else:
+            farm_tasks = []  # every task's row is stored: as its model was extracted, or before (from the dataset)
+            for task in tasks:
+                mod_json, args_info = encode(task)
+                key = model_key(task.key, dev_id, config, job.flush_l2)
+                done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
+                farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
+                                           args_info, done))
+            by_key = {t.key: t for t in tasks}
 
-        def row_key(task: FarmTask) -> dict[str, Any]:
-            sampled = by_key[task.key]
-            return {**model_key(task.key, dev_id, config, job.flush_l2), "source": "task", "model": task.name,
-                    "batch_size": None, "workload": json.dumps({"task": task.name, "key": task.key}),
-                    "target": canonical_target(target), "device_name": tags["device_name"], "dtype": sampled.dtype,
-                    "task": task.name, "task_weight": sampled.weight, "tuner": "sample"}
+            def row_key(task: FarmTask) -> dict[str, Any]:
+                sampled = by_key[task.key]
+                return {**model_key(task.key, dev_id, config, job.flush_l2), "source": "task", "model": task.name,
+                        "batch_size": None, "workload": json.dumps({"task": task.name, "key": task.key}),
+                        "target": canonical_target(target), "device_name": tags["device_name"], "dtype": sampled.dtype,
+                        "task": task.name, "task_weight": sampled.weight, "tuner": "sample"}
 
-        def sink(record: Record) -> None:
-            candidate = record.candidate
-            try:
-                knobs = decode_knobs(json.loads(candidate.trace))
-            except Exception as err:  # knobs are extra columns: never lose the record for them
-                knobs = {"decode_error": f"{type(err).__name__}: {err}"}
-            secs = record.run_secs
-            dataset.put("trials", {
-                **row_key(record.task), **tags, "run_id": run.run_id, "trial": candidate.index,
-                "trace": candidate.trace, "knobs": knobs, "build_status": record.build_status, "error": record.error,
-                "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
-                "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
-                "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
-                "spread": record.spread, "build_s": record.build_s, **device_tags[record.device],
-                "measured_at": now()})
+            def sink(record: Record) -> None:
+                candidate = record.candidate
+                try:
+                    knobs = decode_knobs(json.loads(candidate.trace))
+                except Exception as err:  # knobs are extra columns: never lose the record for them
+                    knobs = {"decode_error": f"{type(err).__name__}: {err}"}
+                secs = record.run_secs
+                dataset.put("trials", {
+                    **row_key(record.task), **tags, "run_id": run.run_id, "trial": candidate.index,
+                    "trace": candidate.trace, "knobs": knobs, "build_status": record.build_status,
+                    "error": record.error,
+                    "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
+                    "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
+                    "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
+                    "spread": record.spread, "build_s": record.build_s, **device_tags[record.device],
+                    "measured_at": now()})
 
-        def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:
-            dataset.update("trials", {"audit_secs": secs}, {**model_key(task.key, dev_id, config, job.flush_l2),
-                                                            "tuner": "sample", "trial": candidate.index})
+            def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:
+                dataset.update("trials", {"audit_secs": secs}, {**model_key(task.key, dev_id, config, job.flush_l2),
+                                                                "tuner": "sample", "trial": candidate.index})
 
-        def on_sampled(task: FarmTask, stats: dict[str, Any]) -> None:
-            _note_sampling(dataset, task.key, job, stats)
+            def on_sampled(task: FarmTask, stats: dict[str, Any]) -> None:
+                _note_sampling(dataset, task.key, job, stats)
 
-        farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
-                               Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
-                               job.run_timeout_s, job.audit, job.compiler,
-                               time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
-                               if job.time_limit_s else None,
-                               rpc=None if rpc is None else {"host": rpc.host, "port": rpc.port, "key": rpc.key,
-                                                             "timeout_s": rpc.timeout_s}), sink,
-                    on_sampled, on_audit)
-        stats = farm.run(farm_tasks)
-        stored = sum(dataset.count("trials", {**model_key(t.key, dev_id, config, job.flush_l2), "tuner": "sample"})
-                     for t in tasks)
+            farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
+                                   Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
+                                   job.run_timeout_s, job.audit, job.compiler,
+                                   time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
+                                   if job.time_limit_s else None,
+                                   rpc=None if rpc is None else {"host": rpc.host, "port": rpc.port, "key": rpc.key,
+                                                                 "timeout_s": rpc.timeout_s}), sink,
+                        on_sampled, on_audit)
+            stats = farm.run(farm_tasks)
+            stored = sum(dataset.count("trials", {**model_key(t.key, dev_id, config, job.flush_l2), "tuner": "sample"})
+                         for t in tasks)
         run.status = "ok"
     exported = export_database(job.dataset, job.export_database, [t.key for t in tasks], ms_target) \
         if job.export_database else None

@@ -33,11 +33,15 @@ def cpu_model() -> str:
 
 
 def device_name(target: Any) -> str:
-    """The GPU's name for CUDA targets, else the CPU model."""
+    """The GPU's name for CUDA targets (``cuda (no GPU here)`` where this machine has none: a job that only
+    prepares, or measures on remote devices), else the CPU model."""
     if is_gpu(target):
         import tvm
 
-        return str(tvm.cuda(gpu_index()).device_name)
+        try:
+            return str(tvm.cuda(gpu_index()).device_name)
+        except Exception:  # TVM without CUDA here: "Device API cuda is not enabled"
+            return "cuda (no GPU here)"
     return cpu_model()
 
 
