@@ -163,7 +163,10 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     schedule:
         A schedule made earlier for this graph: no search, it is measured beside sequential.
     timer:
-        ``timer(label, run)`` returns seconds per call of ``run`` (default: CUDA events on the GPU).
+        ``timer(label, run)`` returns seconds per call of ``run`` (default: CUDA events on the GPU). Every
+        candidate is timed through the call its user makes (a baseline's ``__call__``, a schedule's
+        ``executor.run(inputs)``, the input copy included) in :data:`ROUNDS` interleaved rounds
+        (:func:`time_rounds`), ``repeat`` samples in all.
     phases:
         Filled with the seconds spent timing operators, scheduling and measuring, when given.
     sm_partition:
@@ -180,7 +183,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     check_sm_partition(sm_partition)
     named = schedulers is not None
     items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
-    timer = timer or default_timer(backend.is_cuda, repeat, number)
+    timer = timer or default_timer(backend.is_cuda, max(1, -(-repeat // ROUNDS)), number)  # repeat in all rounds
     phases = phases if phases is not None else {}
     clock = time.perf_counter()
     if cost is None:
@@ -197,24 +200,26 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     measure = (set(range(len(scheduled))) if mode == "exhaustive" or named or schedule is not None
                else _worth_measuring(scheduled, predicted, measure_top))
     rows: list[dict[str, Any]] = []
-    for base in [] if baseline is None else baseline if isinstance(baseline, list | tuple) else [baseline]:
-        outputs = host_arrays(_leaves(base.run_once()))
+    bases = [] if baseline is None else list(baseline) if isinstance(baseline, list | tuple) else [baseline]
+    inputs = _user_inputs(bases)
+    timed: list[tuple[dict[str, Any], Any]] = []  # every candidate's row and the call a user makes
+    for base in bases:
+        outputs = host_arrays(_leaves(base(*inputs) if inputs is not None else base.run_once()))
         reference = reference if reference is not None else outputs
-        samples = timer(base.label, base.run_once)
-        rows.append(_row(base.label, median(samples) * 1e3, relative_error(outputs, reference), None, 0.0, None,
-                         None, 1, 0))
-        rows[-1].update(spread_ms(samples))
+        rows.append(_row(base.label, None, relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
         rows[-1]["baseline"] = base
-    measured = _Measure(backend, timer, reference)
+        timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
+    measured = _Measure(backend, timer, reference, inputs)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, **backend.schedule_meta()})
         row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
                    plan.num_streams, plan.num_events)
         if i in measure:
-            measured(row)
+            timed.append((row, measured.prepare(row)))
         else:
             row["measured"] = False
         rows.append(row)
+    time_rounds(timed, timer)
     if sm_partition == "auto" and schedule is None:
         rows += _partitioned_rows(backend, rows, cost, measured, measure_top + 1, phases)
     phases["measuring_s"] = time.perf_counter() - clock
@@ -226,24 +231,53 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     return kept["plan"], rows
 
 
-class _Measure:
-    """Runs and times one schedule's row (outputs checked against the reference and the sequential run,
-    the first schedule measured)."""
+#: interleaved rounds in which every candidate of a comparison is timed (each round starts with another one)
+ROUNDS = 3
 
-    def __init__(self, backend: KernelBackend, timer: Timer, reference: Sequence[np.ndarray] | None) -> None:
-        self.backend, self.timer, self.reference = backend, timer, reference
+
+def _user_inputs(bases: Sequence[Any]) -> list[Any] | None:
+    """Inputs as a user passes them (new tensors equal to the model's), for timing each candidate through the
+    call its user makes, input copy included; None without a torch baseline (then the replays are timed)."""
+    static = getattr(bases[0], "static_inputs", None) if bases else None
+    return [x.detach().clone() for x in static] if static else None
+
+
+def time_rounds(timed: Sequence[tuple[dict[str, Any], Any]], timer: Timer, rounds: int = ROUNDS) -> None:
+    """Time every ``(row, run)`` with ``timer`` in ``rounds`` interleaved rounds (one ``timer`` call per candidate
+    and round, the first candidate of a round rotating), so that a drift of the machine's speed (clocks, a
+    neighbour's load) reaches every candidate alike; each row gets the median and spread of all its samples."""
+    samples: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    for r in range(rounds if timed else 0):
+        shift = r % len(timed)
+        for row, run in [*timed[shift:], *timed[:shift]]:
+            samples[id(row)] += list(timer(row["schedule"], run))
+    for row, _ in timed:
+        row.update(latency_ms=median(samples[id(row)]) * 1e3, **spread_ms(samples[id(row)]))
+
+
+class _Measure:
+    """Prepares and times one schedule's row (outputs checked against the reference and the sequential run,
+    the first schedule measured); with ``inputs``, a schedule is timed through the call a user makes
+    (``executor.run(inputs)``: the inputs copied in, the graph replayed), as the baselines are."""
+
+    def __init__(self, backend: KernelBackend, timer: Timer, reference: Sequence[np.ndarray] | None,
+                 inputs: Sequence[Any] | None = None) -> None:
+        self.backend, self.timer, self.reference, self.inputs = backend, timer, reference, inputs
         self.sequential: list[np.ndarray] | None = None
 
-    def __call__(self, row: dict[str, Any]) -> None:
-        plan = row["plan"]
-        executor = ParallelExecutor(self.backend, plan)
-        outputs = host_arrays(executor.run())
+    def prepare(self, row: dict[str, Any]) -> Any:
+        """Capture the row's schedule, check its outputs (``error``, ``sched_error``); the call to time."""
+        executor = ParallelExecutor(self.backend, row["plan"])
+        outputs = host_arrays(executor.run(self.inputs))
         self.sequential = self.sequential or outputs
         self.reference = self.reference if self.reference is not None else outputs
-        run = executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
-        samples = self.timer(plan.name, run)
-        row.update(latency_ms=median(samples) * 1e3, error=relative_error(outputs, self.reference),
-                   sched_error=relative_error(outputs, self.sequential), **spread_ms(samples))
+        row.update(error=relative_error(outputs, self.reference), sched_error=relative_error(outputs, self.sequential))
+        if self.inputs is not None:
+            return lambda: executor.run(self.inputs)
+        return executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        time_rounds([(row, self.prepare(row))], self.timer)
 
 
 def check_sm_partition(value: str) -> str:
