@@ -145,6 +145,34 @@ def test_every_candidate_is_timed_through_its_users_call_in_interleaved_rounds(m
     assert all(c == [("schedule", True)] for label, c in seen if label != "model, eager")
 
 
+def test_a_candidate_whose_outputs_are_off_is_refused(model_and_input, monkeypatch):
+    """rtol: a faster candidate whose outputs differ from the model's own beyond it is not kept; its row says
+    why. The default follows the inputs' precision."""
+    from opbench.parallel import RTOL, default_rtol
+    from opbench.pipeline import compare
+
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "nimble": 0.5}
+    exact, calls = compare.relative_error, []
+
+    def relative_error(out, ref):  # the model's row, then sequential's and nimble's error and sched_error
+        calls.append(1)
+        return 0.3 if len(calls) == 4 else exact(out, ref)  # nimble's outputs are off the model's by 0.3
+
+    monkeypatch.setattr(compare, "relative_error", relative_error)
+    run = capturer([x], model, schedulers=["sequential", "nimble"], timer=fake_timer(times, 1.0), rtol=0.1)
+    rows = {r["schedule"]: r for r in run.table}
+    assert isinstance(run, CapturedModel) and rows["model, eager"]["kept"]  # nimble was fastest, but off
+    assert rows["nimble"]["error"] == 0.3 and rows["nimble"]["refused"] == "error 3.0e-01 > rtol 1e-01"
+    assert rows["sequential"]["refused"] is None and rows["model, eager"]["refused"] is None
+    assert rows["nimble"]["sched_error"] == 0.0  # the same as sequential: refused for rtol alone
+    calls.clear()
+    run = capturer([x], model, schedulers=["sequential", "nimble"], timer=fake_timer(times, 1.0), rtol=0.5)
+    assert isinstance(run, CapturedSchedule) and run.schedule.name == "nimble"  # within a looser rtol: kept
+    assert default_rtol([x]) == RTOL["float32"] and default_rtol([x.half()]) == RTOL["float16"] > RTOL["float32"]
+    assert default_rtol([x.bfloat16()]) == RTOL["bfloat16"]
+
+
 def test_fast_mode_measures_only_the_best_predicted(model_and_input):
     model, x = model_and_input
     run = capturer([x], model, timer=fake_timer({}, 1.0))

@@ -152,7 +152,7 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
         return f"{value:>{width}{fmt}}" if isinstance(value, int | float) and value == value else f"{'-':>{width}}"
 
     for r in rows:
-        mark = " *" if r.get("kept") else ""
+        mark = " *" if r.get("kept") else f"  refused: {r['refused']}" if r.get("refused") else ""
         sms = f"  {r.get('sm', '-'):<17}" if partitioned else ""
         lines.append(f"{r['schedule']:<{width}}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
                      f"{num(r.get('p90_ms'), '.4f', 9)}{num(r.get('p99_ms'), '.4f', 9)}"

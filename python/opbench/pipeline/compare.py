@@ -135,7 +135,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
              reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
              tolerance: float = 0.02, mode: str = "exhaustive", baseline: Any = None,
              schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
-             phases: dict[str, float] | None = None, sm_partition: str = "off",
+             phases: dict[str, float] | None = None, sm_partition: str = "off", rtol: float | None = None,
              ) -> tuple[Schedule, list[dict[str, Any]]]:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
 
@@ -169,6 +169,9 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         (:func:`time_rounds`), ``repeat`` samples in all.
     phases:
         Filled with the seconds spent timing operators, scheduling and measuring, when given.
+    rtol:
+        A candidate whose outputs differ from the reference (the model's own outputs) by more than this
+        relative norm (``error``) is not kept, and its row says so (``refused``); None: none is refused.
     sm_partition:
         ``"auto"``: also measure the best parallel schedule with up to ``measure_top + 1`` SM
         partitions (the best predicted of each SM budget; see the module docstring); ``"off"``: none.
@@ -223,7 +226,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     if sm_partition == "auto" and schedule is None:
         rows += _partitioned_rows(backend, rows, cost, measured, measure_top + 1, phases)
     phases["measuring_s"] = time.perf_counter() - clock
-    _decide(rows, tolerance)
+    _decide(rows, tolerance, rtol)
     kept = next((r for r in rows if r["kept"] and r["plan"] is not None), None)
     if kept is None:  # a baseline won: the best schedule still goes back (for --save-schedule)
         kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
@@ -319,16 +322,21 @@ def _partitioned_rows(backend: KernelBackend, rows: list[dict[str, Any]], cost: 
     return out
 
 
-def _decide(rows: list[dict[str, Any]], tolerance: float) -> None:
+def _decide(rows: list[dict[str, Any]], tolerance: float, rtol: float | None = None) -> None:
     """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the first
     baseline, the model's own graph): the fastest baseline is kept unless a schedule beats it by more
-    than ``tolerance``."""
-    baselines = [r for r in rows if r["plan"] is None]
+    than ``tolerance``. A row whose ``error`` exceeds ``rtol`` is refused (``refused`` says why); the first
+    baseline is the reference and never refused."""
+    for i, row in enumerate(rows):
+        off = rtol is not None and row["measured"] and (i > 0 or row["plan"] is not None) and \
+            row.get("error") is not None and not row["error"] <= rtol
+        row["refused"] = f"error {row['error']:.1e} > rtol {rtol:.0e}" if off else None
+    baselines = [r for r in rows if r["plan"] is None and not r["refused"]]
     model = baselines[0] if baselines else None
     base = min(baselines, key=lambda r: r["latency_ms"]) if baselines else None
     schedules = [r for r in rows if r["plan"] is not None]
     sequential = schedules[0]
-    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5]
+    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5 and not r["refused"]]
     best = min(valid, key=lambda r: r["latency_ms"]) if valid else sequential
     if best is not sequential and best["latency_ms"] > sequential["latency_ms"] * (1 - tolerance):
         log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
