@@ -24,7 +24,7 @@ from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.graphs import CapturedModel, CompiledModel
+from .runtime.graphs import CapturedModel, compile_variants, compiled_baselines
 from .schedule import Schedule
 from .utils import check_output_path
 
@@ -79,8 +79,9 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
 def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
             timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
-            compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off", dtype: str | None = None,
-            rtol: float | None = None) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
+            compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
+            dtype: str | None = None, rtol: float | None = None,
+            ) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
     import torch
 
     model, inputs = _in_dtype(model, _check_order(inputs, model, caller), dtype)
@@ -96,10 +97,7 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     if not any(isinstance(v, torch.Tensor) for v in leaves):
         raise OpBenchError(f"{type(model).__name__} returns no tensor ({type(reference).__name__}): nothing to "
                            "schedule")
-    if kernels == "fused" if compiled is None else compiled:
-        clock = time.perf_counter()
-        baselines.append(CompiledModel(model, inputs))
-        phases["torch_compile_s"] = time.perf_counter() - clock
+    baselines += compiled_baselines(model, inputs, compile_variants(compiled, kernels), phases)
     clock = time.perf_counter()
     regions = given.meta.get("regions") if given is not None and kernels == "fused" else None
     backend = torch_backend(model, inputs, merge, trace="auto", repeat=repeat, number=number, kernels=kernels,
@@ -116,7 +114,7 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off",
+             compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
              dtype: str | None = None, rtol: float | None = None) -> Schedule:
     """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
 
@@ -156,12 +154,14 @@ class CapturedSchedule:
 def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | None = None, cut: str = "auto", sm_partition: str = "off",
+             compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
              dtype: str | None = None, trace: str | Path | None = None, rtol: float | None = None) -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
-    ``compiled``; by default with ``kernels="fused"``) ``torch.compile(model, mode="reduce-overhead")``,
+    ``compiled``; by default with ``kernels="fused"``) ``torch.compile(model, mode="reduce-overhead")``
+    and the same with Inductor's horizontal fusion (``combo_kernels``; ``compiled=("default",)`` leaves
+    it out),
     and the schedules of the model's operators (see :func:`opbench.pipeline.compare.evaluate` for
     ``schedulers``, ``mode``, ``schedule``, ``tolerance`` and ``timer``). The operators are
     ``kernels="aten"``: PyTorch's own kernels, one per traced call; or ``kernels="fused"``: regions of

@@ -173,6 +173,36 @@ def test_a_candidate_whose_outputs_are_off_is_refused(model_and_input, monkeypat
     assert default_rtol([x.bfloat16()]) == RTOL["bfloat16"]
 
 
+def test_the_combo_kernels_row_is_offered_and_can_win(model_and_input, monkeypatch):
+    """torch.compile with Inductor's horizontal fusion is a candidate beside plain torch.compile (both built
+    by default with fused kernels, or when compiled=True), and the fastest row is kept whichever it is."""
+    from opbench.runtime import graphs
+
+    built = []
+
+    class Compiled(graphs.CapturedModel):  # the model as it is, in torch.compile's rows (no compile on the CPU)
+        label = graphs.COMPILE_ROW
+
+        def __init__(self, model, inputs, mode="reduce-overhead", warmup=3, combo=False):
+            super().__init__(model, inputs)
+            self.label, self.compile_s = graphs.COMBO_ROW if combo else graphs.COMPILE_ROW, 0.0
+            built.append(combo)
+
+    monkeypatch.setattr(graphs, "CompiledModel", Compiled)
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "torch.compile": 0.9, "torch.compile + combo kernels": 0.6, "nimble": 0.8}
+    run = capturer([x], model, schedulers=["sequential", "nimble"], compiled=True, timer=fake_timer(times, 1.0))
+    assert built == [False, True] and run.label == graphs.COMBO_ROW and run.schedule is None
+    assert [r["schedule"] for r in run.table if r["kept"]] == ["torch.compile + combo kernels"]
+    assert set(run.phases) >= {"torch_compile_s", "torch_compile_combo_s"}
+    built.clear()
+    run = capturer([x], model, schedulers=["sequential", "nimble"], compiled=("default",),
+                   timer=fake_timer({**times, "nimble": 0.95}, 1.0))
+    assert built == [False] and run.label == graphs.COMPILE_ROW
+    with pytest.raises(OpBenchError, match="unknown torch.compile variant 'turbo'"):
+        capturer([x], model, compiled=("turbo",))
+
+
 def test_fast_mode_measures_only_the_best_predicted(model_and_input):
     model, x = model_and_input
     run = capturer([x], model, timer=fake_timer({}, 1.0))

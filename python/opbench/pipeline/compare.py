@@ -157,7 +157,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     baseline:
         The model run as it is, or several ways to (a list): the model captured in its own CUDA Graph
         (:class:`~opbench.runtime.graphs.CapturedModel`, the first, which outputs are compared
-        against), ``torch.compile`` (:class:`~opbench.runtime.graphs.CompiledModel`). Each is a row;
+        against), ``torch.compile`` and ``torch.compile`` with combo kernels
+        (:class:`~opbench.runtime.graphs.CompiledModel`). Each is a row;
         the fastest of them is kept (``row["kept"]``) unless a schedule beats it by more than
         ``tolerance``.
     schedule:
@@ -635,7 +636,7 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     (:data:`opbench.pipeline.compile.MERGE_MODES`).
     """
     from ..runtime.device import gpu_index
-    from ..runtime.graphs import CompiledModel
+    from ..runtime.graphs import compile_variants, compiled_baselines
     from ..runtime.target import is_gpu
     from .compile import check_kernels, merge_mode, torch_backend, tvm_backend
 
@@ -658,9 +659,7 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     module = workload.torch_module.to(device).eval()
     inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]
-    if kernels == "fused" if compiled is None else compiled:
-        log.info("compiling %s with torch.compile (the torch.compile row)", workload.name)
-        baselines.append(CompiledModel(module, inputs))
+    baselines += compiled_baselines(module, inputs, compile_variants(compiled, kernels))
     if kernels == "fused":
         log.info("cutting %s into regions and compiling each with Inductor", workload.name)
     backend = torch_backend(module, inputs, merge, trace="export" if kernels == "aten" else "auto", repeat=repeat,

@@ -25,6 +25,10 @@ MODEL_ROW = "model, CUDA Graph"
 MODEL_ROW_EAGER = "model, eager"
 #: the name of the torch.compile baseline row
 COMPILE_ROW = "torch.compile"
+#: the name of the torch.compile row with Inductor's horizontal fusion (``combo_kernels``)
+COMBO_ROW = "torch.compile + combo kernels"
+#: the torch.compile variants a comparison may hold: Inductor's defaults, and with combo kernels
+COMPILE_VARIANTS = ("default", "combo")
 
 
 class CapturedGraph:
@@ -189,6 +193,37 @@ class CapturedModel:
         return self.run_once()
 
 
+def compile_variants(compiled: bool | Sequence[str] | None, kernels: str) -> tuple[str, ...]:
+    """The torch.compile rows of a comparison: ``compiled`` None means both variants with fused kernels and none
+    with ATen kernels, True both, False none, or the named :data:`COMPILE_VARIANTS`."""
+    from ..errors import OpBenchError
+
+    if compiled is None:
+        compiled = kernels == "fused"
+    if isinstance(compiled, bool):
+        return COMPILE_VARIANTS if compiled else ()
+    variants = tuple(compiled)
+    unknown = [v for v in variants if v not in COMPILE_VARIANTS]
+    if unknown:
+        raise OpBenchError(f"unknown torch.compile variant {unknown[0]!r} (accepted: {', '.join(COMPILE_VARIANTS)}, "
+                           "or True/False)")
+    return variants
+
+
+def compiled_baselines(model: Any, inputs: Sequence[Any], variants: Sequence[str], phases: dict[str, float] | None
+                       = None) -> list[CompiledModel]:
+    """One :class:`CompiledModel` per variant (:func:`compile_variants`), each built and warmed up; ``phases``
+    gets the seconds each took (``torch_compile_s``, ``torch_compile_combo_s``)."""
+    out = []
+    for variant in variants:
+        log.info("compiling the model with torch.compile%s (the %s row)", " and combo kernels" * (variant == "combo"),
+                 COMBO_ROW if variant == "combo" else COMPILE_ROW)
+        out.append(CompiledModel(model, inputs, combo=variant == "combo"))
+        if phases is not None:
+            phases["torch_compile_s" if variant == "default" else f"torch_compile_{variant}_s"] = out[-1].compile_s
+    return out
+
+
 class CompiledModel:
     """The user's module compiled by ``torch.compile`` (``mode="reduce-overhead"``: Inductor's fused
     kernels in its own CUDA Graphs), a baseline beside the model's own graph.
@@ -198,18 +233,23 @@ class CompiledModel:
     later run, as with its CUDA Graphs).
     """
 
-    label = COMPILE_ROW
-
-    def __init__(self, model: Any, inputs: Sequence[Any], mode: str = "reduce-overhead", warmup: int = 3) -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], mode: str = "reduce-overhead", warmup: int = 3,
+                 combo: bool = False) -> None:
         import time
 
         import torch
 
         self.model = model
+        self.label = COMBO_ROW if combo else COMPILE_ROW
         self.static_inputs = [x.detach().clone() for x in inputs]
         self.is_cuda = bool(self.static_inputs) and self.static_inputs[0].device.type == "cuda"
         start = time.perf_counter()
-        self.compiled = torch.compile(model, mode=mode)
+        if combo:  # the mode's own options (CUDA Graphs for reduce-overhead) and horizontal fusion
+            from torch._inductor import list_mode_options
+
+            self.compiled = torch.compile(model, options={**list_mode_options(mode), "combo_kernels": True})
+        else:
+            self.compiled = torch.compile(model, mode=mode)
         with torch.no_grad():
             for _ in range(max(1, warmup)):
                 self.outputs = self.compiled(*self.static_inputs)
