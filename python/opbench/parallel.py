@@ -80,12 +80,21 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
             schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
             timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
             compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-            dtype: str | None = None, rtol: float | None = None,
+            dtype: str | None = None, rtol: float | None = None, cache: bool = False,
             ) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
     import torch
 
     model, inputs = _in_dtype(model, _check_order(inputs, model, caller), dtype)
     given = _load_schedule(schedule)
+    cached = _cache_path(model, inputs, {"kernels": kernels, "cut": cut, "merge": merge, "mode": mode,
+                                         "schedulers": [str(s) for s in schedulers or []], "sm": sm_partition,
+                                         "compiled": compiled}) if cache and given is None else None
+    if cached is not None and cached.is_file():
+        try:
+            given = Schedule.load(cached)
+            phases["cache"] = 1.0  # the cut and the schedule of an earlier build: no search
+        except (OpBenchError, OSError, ValueError) as err:
+            log.info("capturer cache %s not used: %s", cached, str(err).splitlines()[0] if str(err) else err)
     check_kernels(kernels)
     check_sm_partition(sm_partition)
     clock = time.perf_counter()
@@ -105,17 +114,53 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     phases["trace_s" if kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
+    if phases.get("cache") and given is not None and given.meta.get("graph") != backend.graph.fingerprint():
+        log.info("capturer cache: the saved schedule is of another graph; searching again")
+        given, phases["cache"] = None, 0.0
     plan, rows = evaluate(backend, schedulers, None, host_arrays(leaves), repeat, number, tolerance,
                           mode=mode, baseline=baselines, schedule=given, timer=timer, phases=phases,
                           sm_partition=sm_partition, rtol=default_rtol(inputs) if rtol is None else rtol)
+    if cached is not None and not phases.get("cache"):
+        _cache_put(cached, plan)
     return backend, baselines, plan, rows, structure
+
+
+def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
+    """Where ``capturer(cache=True)`` keeps a model's cut and schedule: ``$OPBENCH_CACHE/capturer/KEY.json``,
+    the key a digest of the model's class and parameters' shapes and dtypes, the inputs' shapes, dtypes
+    and device, the options that shape the search, the device's name and the library versions."""
+    import torch
+
+    from ._version import __version__
+    from .utils import cache_root, digest
+
+    device = inputs[0].device if inputs and hasattr(inputs[0], "device") else None
+    name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else "cpu"
+    key = digest({"model": f"{type(model).__module__}.{type(model).__qualname__}",
+                  "params": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
+                  "inputs": [[list(x.shape), str(x.dtype), str(x.device.type)] for x in inputs if hasattr(x, "shape")],
+                  "options": options, "device": name, "torch": torch.__version__, "opbench": __version__})
+    return cache_root() / "capturer" / f"{key}.json"
+
+
+def _cache_put(path: Path, plan: Schedule) -> None:
+    """Keep ``plan`` (with its cut) for the next build; a cache that cannot be written is skipped."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        plan.save(part)
+        os.replace(part, path)
+    except OSError as err:
+        log.info("capturer cache not written (%s)", err)
 
 
 def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
              compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-             dtype: str | None = None, rtol: float | None = None) -> Schedule:
+             dtype: str | None = None, rtol: float | None = None, cache: bool = False) -> Schedule:
     """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
@@ -125,7 +170,7 @@ def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
     """
     _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                               number, timer, {}, merge, kernels, compiled, cut, sm_partition, dtype, rtol)
+                               number, timer, {}, merge, kernels, compiled, cut, sm_partition, dtype, rtol, cache)
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -155,7 +200,8 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
              schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
              number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
              compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-             dtype: str | None = None, trace: str | Path | None = None, rtol: float | None = None) -> Any:
+             dtype: str | None = None, trace: str | Path | None = None, rtol: float | None = None,
+             cache: bool = False) -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
@@ -188,6 +234,12 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     row's ``error``) is not kept, and its row's ``refused`` says so; default :data:`RTOL` for the inputs'
     precision (5e-2 in float32, 1e-1 in float16, 2e-1 in bfloat16).
 
+    ``cache=True``: keep the cut and the schedule found (``$OPBENCH_CACHE/capturer``, by default
+    ``~/.cache/opbench``), keyed by the model's structure, the inputs, the options, the device and the
+    library versions; a later build of the same model takes them and skips the cut and the search (it
+    still measures the schedule beside sequential and the baselines, and keeps the fastest).
+    ``run.phases["cache"]`` is 1 for such a build.
+
     ``trace`` (a path): also replay sequential and the fastest schedule (kept or not) with a timing mark
     around each operator and write them there as a Chrome trace, one lane per stream
     (:mod:`opbench.runtime.trace`; ``opbench compare --trace`` writes the same).
@@ -202,7 +254,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     try:
         backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
                                                             tolerance, repeat, number, timer, phases, merge, kernels,
-                                                            compiled, cut, sm_partition, dtype, rtol)
+                                                            compiled, cut, sm_partition, dtype, rtol, cache)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)

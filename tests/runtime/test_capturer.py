@@ -203,6 +203,25 @@ def test_the_combo_kernels_row_is_offered_and_can_win(model_and_input, monkeypat
         capturer([x], model, compiled=("turbo",))
 
 
+def test_a_second_build_with_the_cache_reuses_the_schedule(model_and_input, tmp_path, monkeypatch):
+    """capturer(cache=True): the first build searches and keeps its schedule in $OPBENCH_CACHE; a second build
+    of the same model takes it (no search: sequential, the schedule and the baselines are measured), and a
+    model of other shapes misses."""
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "nimble": 0.5, "opara": 0.6, "greedy": 0.7}
+    first = capturer([x], model, cache=True, timer=fake_timer(times, 1.0))
+    assert "cache" not in first.phases and first.schedule.name == "nimble"
+    assert len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 1
+    again = capturer([x], model, cache=True, timer=fake_timer(times, 1.0))
+    assert again.phases["cache"] == 1.0 and again.schedule.name == "nimble"
+    assert [r["schedule"] for r in again.table] == ["model, eager", "sequential", "nimble"]  # no search
+    other = capturer([torch.randn(1, 3, 12, 12)], model, cache=True, timer=fake_timer(times, 1.0))
+    assert "cache" not in other.phases and len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 2
+    plain = capturer([x], model, timer=fake_timer(times, 1.0))  # the default: no cache
+    assert "cache" not in plain.phases and len(plain.table) == 1 + len(FAST_SCHEDULERS)
+
+
 def test_fast_mode_measures_only_the_best_predicted(model_and_input):
     model, x = model_and_input
     run = capturer([x], model, timer=fake_timer({}, 1.0))

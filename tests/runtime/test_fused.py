@@ -82,7 +82,7 @@ def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
 
 
 @pytest.mark.slow
-def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path):
+def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path, monkeypatch):
     from opbench import capturer, optimize
     from opbench.schedule import Schedule
 
@@ -100,6 +100,11 @@ def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_p
     assert len(baselines) == 3 and kept["latency_ms"] <= min(baselines)  # never slower than a baseline
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))  # cache=True: the second build takes the cut
+    first = capturer(x, model, kernels="fused", repeat=2, number=2, cache=True)
+    second = capturer(x, model, kernels="fused", repeat=2, number=2, cache=True)
+    assert "cache" not in first.phases and second.phases["cache"] == 1.0 and second.backend.cut == "saved"
+    assert second.backend.regions == first.backend.regions
     other = Block(4).eval()
     with pytest.raises(OpBenchError, match="another graph|does not match"):
         capturer(torch.randn(1, 4, 10, 10), other, kernels="fused", schedule=tmp_path / "s.json")
