@@ -260,6 +260,25 @@ def test_schedule_reuse_and_refusal(model_and_input, tmp_path):
         optimize([x], model, schedule=bare)
 
 
+def test_a_schedule_made_under_other_versions_is_warned_about(model_and_input, tmp_path, caplog):
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "sequential": 1.0, "opara": 0.5}
+    plan = optimize([x], model, schedulers=["sequential", "opara"], timer=fake_timer(times, 1.0))
+    assert plan.meta["versions"]["torch"] == torch.__version__ and plan.meta["versions"]["opbench"]
+    plan.save(tmp_path / "same.json")
+    with caplog.at_level(logging.WARNING, logger="opbench"):
+        capturer([x], model, schedule=tmp_path / "same.json", timer=fake_timer(times, 1.0))
+    assert "other versions" not in caplog.text
+    plan.meta["versions"]["torch"] = "1.0.0"
+    plan.save(tmp_path / "old.json")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="opbench"):
+        run = capturer([x], model, schedule=tmp_path / "old.json", timer=fake_timer(times, 1.0))
+    lines = [r.message for r in caplog.records if "other versions" in r.message]
+    assert len(lines) == 1 and f"torch 1.0.0 -> {torch.__version__}" in lines[0]
+    assert run.schedule.name == "opara"  # warned, still used
+
+
 def test_inputs_come_first(model_and_input):
     model, x = model_and_input
     with pytest.raises(OpBenchError, match=r"optimize takes \(inputs, model\)"):

@@ -215,7 +215,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
     measured = _Measure(backend, timer, reference, inputs)
     for i, (plan, seconds) in enumerate(scheduled):
-        plan.meta.update({"graph": fingerprint, "device": device, **backend.schedule_meta()})
+        plan.meta.update({"graph": fingerprint, "device": device, "versions": library_versions(),
+                          **backend.schedule_meta()})
         row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
                    plan.num_streams, plan.num_events)
         if i in measure:
@@ -369,8 +370,26 @@ def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -
     return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device_figures())
 
 
+def library_versions() -> dict[str, str]:
+    """The versions a schedule's kernels depend on: OpBench's, and PyTorch's, TVM's and CUDA's where this
+    process has them (a schedule measured under one is not the fastest under another, say)."""
+    import sys
+
+    from .._version import __version__
+
+    out = {"opbench": __version__}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out.update(torch=str(torch.__version__), cuda=str(torch.version.cuda))
+    tvm = sys.modules.get("tvm")
+    if tvm is not None and hasattr(tvm, "__version__"):
+        out["tvm"] = str(tvm.__version__)
+    return out
+
+
 def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
-    """Refuse a schedule made for another graph; warn when it was made on another device."""
+    """Refuse a schedule made for another graph; warn (one line) when it was made on another device or under
+    other library versions."""
     made_for = schedule.meta.get("graph")
     if made_for is None:
         raise OpBenchError(f"schedule '{schedule.name}' carries no graph fingerprint (save it with this version "
@@ -381,6 +400,11 @@ def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
     if schedule.meta.get("device") not in (None, device):
         log.warning("schedule '%s' was made on %s, running on %s: it may not be the fastest here",
                     schedule.name, schedule.meta["device"], device)
+    made, now = schedule.meta.get("versions") or {}, library_versions()
+    changed = [f"{k} {made[k]} -> {now[k]}" for k in sorted(made) if k in now and made[k] != now[k]]
+    if changed:
+        log.warning("schedule '%s' was made under other versions (%s): it may not be the fastest here",
+                    schedule.name, ", ".join(changed))
 
 
 def operator_latencies(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
