@@ -187,6 +187,21 @@ class CapturedSchedule:
         self.executor = ParallelExecutor(backend, schedule)
         self.executor.run()
 
+    def __str__(self) -> str:
+        """The schedule in a line: operators per stream, and its time against the model's own row."""
+        from collections import Counter
+
+        per_stream = Counter(self.schedule.stream_of)
+        kept = next((r for r in self.table if r.get("kept")), None)
+        model = self.table[0] if self.table else None
+        text = (f"CapturedSchedule '{self.schedule.name}': {len(self.schedule.stream_of)} operators on "
+                f"{len(per_stream)} stream{'s' * (len(per_stream) != 1)} ("
+                + ", ".join(f"{n} on stream {s}" for s, n in sorted(per_stream.items())) + ")")
+        if kept and model and kept.get("latency_ms") and model.get("latency_ms"):
+            text += (f"; {kept['latency_ms']:.4f} ms against {model['latency_ms']:.4f} ms for {model['schedule']} "
+                     f"({model['latency_ms'] / kept['latency_ms']:.2f}x)")
+        return text
+
     def __call__(self, *inputs: Any) -> Any:
         import torch
 

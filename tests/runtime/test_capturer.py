@@ -83,6 +83,10 @@ def test_schedule_that_wins_is_captured(model_and_input):
     out = run(other)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     assert not out.requires_grad  # the exported weights are plain tensors, nothing is recorded for autograd
+    text = str(run)
+    streams = len(set(run.schedule.stream_of))
+    assert text.startswith(f"CapturedSchedule 'nimble': {len(run.schedule.stream_of)} operators on {streams} streams")
+    assert text.endswith("0.5000 ms against 1.0000 ms for model, eager (2.00x)")
 
 
 def test_capturer_writes_a_trace_of_sequential_and_the_kept_schedule(model_and_input, tmp_path):
