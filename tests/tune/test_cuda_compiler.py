@@ -16,9 +16,10 @@ def _callback():
 
 
 @pytest.fixture
-def restore_callback():
+def restore_callback(tmp_path, monkeypatch):
     import tvm_ffi
 
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))  # the pre-included header is written there
     saved = _callback()
     yield
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", saved, override=True)

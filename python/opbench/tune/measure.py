@@ -74,9 +74,7 @@ def use_cuda_compiler(compiler: str | None) -> None:
     import tvm_ffi
     from tvm.support.nvcc import compile_cuda
 
-    prelude = os.path.join(tempfile.mkdtemp(prefix="opbench-nvrtc-"), "opbench_prelude.h")
-    with open(prelude, "w") as f:
-        f.write(_PRELUDE)
+    prelude = _prelude_file()
     options = _PCH["options"] = ["-pch", f"--pre-include={prelude}"]
 
     def compile_with_pch(code: str) -> Any:
@@ -91,6 +89,28 @@ def use_cuda_compiler(compiler: str | None) -> None:
             return result
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_with_pch, override=True)
+
+
+def _prelude_file() -> str:
+    """The header :func:`use_cuda_compiler` pre-includes: one file per content in ``$OPBENCH_CACHE/nvrtc``
+    (written once, through a partial file; a temporary folder where the cache cannot be written)."""
+    from ..utils import cache_root, digest
+
+    name = f"opbench_prelude_{digest(_PRELUDE)}.h"
+    for folder in (cache_root() / "nvrtc", None):
+        try:
+            base = folder if folder is not None else tempfile.mkdtemp(prefix="opbench-nvrtc-")
+            os.makedirs(base, exist_ok=True)
+            path = os.path.join(base, name)
+            if not os.path.isfile(path):
+                part = f"{path}.{os.getpid()}.part"
+                with open(part, "w") as f:
+                    f.write(_PRELUDE)
+                os.replace(part, path)
+            return path
+        except OSError:
+            continue
+    raise OSError("no folder for NVRTC's pre-included header")
 
 
 def build_candidate(mod: Any, target: Any) -> Any:
