@@ -74,14 +74,13 @@ def use_cuda_compiler(compiler: str | None) -> None:
     import tvm_ffi
     from tvm.support.nvcc import compile_cuda
 
-    prelude = _prelude_file()
-    options = _PCH["options"] = ["-pch", f"--pre-include={prelude}"]
-
     def compile_with_pch(code: str) -> Any:
         if _PCH.get("failed"):
             return compile_cuda(code, target_format="cubin", compiler="nvrtc")
         try:
-            return compile_cuda(code, target_format="cubin", compiler="nvrtc", options=options)
+            if "options" not in _PCH:  # the header is written at the first CUDA compile (none on a CPU target)
+                _PCH["options"] = ["-pch", f"--pre-include={_prelude_file()}"]
+            return compile_cuda(code, target_format="cubin", compiler="nvrtc", options=_PCH["options"])
         except Exception as err:
             result = compile_cuda(code, target_format="cubin", compiler="nvrtc")  # a kernel's own error raises here
             # only the header failed (an NVRTC without automatic PCH, say): plain NVRTC from now on
