@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OpBenchError
-from ..profile.schedule import Timer, alone_times, default_timer, median, operator_times, time_ops
+from ..profile.schedule import Timer, default_timer, median, operator_times, time_ops
 from ..profile.timer import percentile
 from ..runtime.backend import KernelBackend
 from ..runtime.executor import ParallelExecutor
@@ -45,6 +45,7 @@ from ..runtime.graphs import CapturedModel
 from ..runtime.kernels import relative_error
 from ..schedule import Schedule, SchedulingCost, get_scheduler
 from ..utils import PERCENTILES
+from .costs import operator_latencies, scheduling_cost
 
 log = logging.getLogger("opbench")
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -357,19 +358,6 @@ def _decide(rows: list[dict[str, Any]], tolerance: float, rtol: float | None = N
             row["vs_model"] = model["latency_ms"] / lat if row["measured"] and lat else None
 
 
-def scheduling_cost(backend: KernelBackend, latencies: Sequence[float] | None) -> SchedulingCost:
-    """The schedulers' cost for ``backend``: ``latencies``, its kernel resources, its device's figures
-    (on the CPU: every operator fills one core, every extra thread costs 0.1 ms)."""
-    if not backend.is_cuda:  # threads on cores: an untuned kernel fills one core; a thread costs ~0.1 ms
-        import os
-
-        cores = max(1, os.cpu_count() or 1)
-        return SchedulingCost(backend.graph, latencies, backend.resources, demand=1.0 / cores, fork_s=1e-4)
-    from ..profile.cuda import device_figures
-
-    return SchedulingCost.for_device(backend.graph, latencies, backend.resources, device_figures())
-
-
 def library_versions() -> dict[str, str]:
     """The versions a schedule's kernels depend on: OpBench's, and PyTorch's, TVM's and CUDA's where this
     process has them (a schedule measured under one is not the fastest under another, say)."""
@@ -405,11 +393,6 @@ def check_schedule(schedule: Schedule, fingerprint: str, device: str) -> None:
     if changed:
         log.warning("schedule '%s' was made under other versions (%s): it may not be the fastest here",
                     schedule.name, ", ".join(changed))
-
-
-def operator_latencies(backend: KernelBackend, repeat: int = 10, number: int = 20) -> list[float]:
-    """Seconds per operator, each run alone (median; its own CUDA Graph on the GPU)."""
-    return alone_times(backend, repeat, number)
 
 
 def critical_path(backend: KernelBackend, repeat: int = 10, number: int = 20,

@@ -204,7 +204,7 @@ def _ios_merged_stages(backend: KernelBackend, merge: Any, latencies: Sequence[f
     """The stages IOS's dynamic programme runs merged on ``backend``'s operators, with merge cost
     ``merge`` and the scheduling cost on ``latencies`` (timed alone when not given)."""
     from ..schedule.ios import IOS
-    from .compare import operator_latencies, scheduling_cost
+    from .costs import operator_latencies, scheduling_cost
 
     if latencies is None:
         latencies = operator_latencies(backend, repeat, number)
