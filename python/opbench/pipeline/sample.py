@@ -167,11 +167,11 @@ class SampleJob(Spec):
             if self.flush_l2:
                 raise SpecError("flush_l2", "is not available on remote devices (accepted: no flush_l2 with "
                                             "rpc_tracker)")
-            host, sep, port = self.rpc_tracker.strip().rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
-                    any(c.isspace() for c in self.rpc_tracker.strip()):
+            from ..profile.rpc import tracker_address, valid_key
+
+            if tracker_address(self.rpc_tracker) is None:
                 raise SpecError("rpc_tracker", f"expected HOST:PORT, e.g. 127.0.0.1:9190, got {self.rpc_tracker!r}")
-            if not self.rpc_key or any(c.isspace() or c == ":" for c in self.rpc_key):
+            if not valid_key(self.rpc_key):
                 raise SpecError("rpc_key", "the key the remote devices registered with is needed (no spaces or ':')")
             if self.rpc_workers is not None and self.rpc_workers < 1:
                 raise SpecError("rpc_workers", f"must be 1 or more, got {self.rpc_workers}")
@@ -389,7 +389,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
 
         remote = RPCProfiler(rpc, target)
         ms_target = tuning_target(target, remote.remote)
-        devices = [None] * (rpc.workers or rpc.check())
+        devices = [None] * (rpc.workers or remote.registered)
         device_tags = {None: {"gpu_uuid": None}}
         dev_id = device_id(target, remote.device(target))
         tags = {**tags, **remote.tags()}

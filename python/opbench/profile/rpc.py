@@ -62,6 +62,21 @@ def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
     return box["value"]
 
 
+def tracker_address(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` of an RPC tracker as ``(host, port)`` (brackets of an IPv6 host removed), or None when
+    it is not one."""
+    text = str(text).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in text):
+        return None
+    return host.strip("[]"), int(port)
+
+
+def valid_key(key: str | None) -> bool:
+    """Whether ``key`` can be a device key of the tracker (not empty, no spaces or ':')."""
+    return bool(key) and bool(str(key).strip()) and not any(c.isspace() or c == ":" for c in str(key))
+
+
 @dataclasses.dataclass(frozen=True)
 class RPCSpec:
     """Where remote devices are: a tracker address and the key they registered with.
@@ -88,11 +103,10 @@ class RPCSpec:
     @classmethod
     def parse(cls, tracker: str, key: str | None, workers: int | None = None) -> RPCSpec:
         """Check ``--rpc-tracker HOST:PORT``, ``--rpc-key`` and ``--rpc-workers``."""
-        text = str(tracker).strip()
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in text):
-            raise OpBenchError(f"bad --rpc-tracker {text!r} (accepted: HOST:PORT, e.g. 127.0.0.1:9190)")
-        if not key or not str(key).strip() or any(c.isspace() or c == ":" for c in str(key)):
+        address = tracker_address(tracker)
+        if address is None:
+            raise OpBenchError(f"bad --rpc-tracker {str(tracker).strip()!r} (accepted: HOST:PORT, e.g. 127.0.0.1:9190)")
+        if not valid_key(key):
             raise OpBenchError("--rpc-tracker needs --rpc-key KEY, the key the remote devices registered with "
                                "(no spaces or ':')")
         if workers is not None and workers < 1:
@@ -103,7 +117,7 @@ class RPCSpec:
             assert timeout > 0
         except (ValueError, AssertionError):
             raise OpBenchError(f"bad $OPBENCH_RPC_TIMEOUT {raw!r} (accepted: seconds > 0)") from None
-        return cls(host.strip("[]"), int(port), str(key), workers, timeout)
+        return cls(*address, str(key), workers, timeout)
 
     @property
     def address(self) -> str:
@@ -192,7 +206,7 @@ class RPCProfiler(Profiler):
     name = "rpc"
 
     def __init__(self, spec: RPCSpec, target: Any) -> None:
-        spec.check()
+        self.registered = spec.check()  # devices with the key at the tracker now
         self.spec = spec
         self.kind = target.kind.name
         self.session: Any = None
@@ -327,4 +341,4 @@ class LocalFarm:
         self._procs.clear()
 
 
-__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule"]
+__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule", "tracker_address", "valid_key"]
