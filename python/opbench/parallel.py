@@ -145,13 +145,11 @@ def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> P
 
 def _cache_put(path: Path, plan: Schedule) -> None:
     """Keep ``plan`` (with its cut) for the next build; a cache that cannot be written is skipped."""
-    import os
+    from .utils import written_whole
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        plan.save(part)
-        os.replace(part, path)
+        with written_whole(path) as part:
+            plan.save(part)
     except OSError as err:
         log.info("capturer cache not written (%s)", err)
 

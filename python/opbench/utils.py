@@ -60,6 +60,21 @@ def numpy_dtype(dtype: str) -> Any:
     return np.dtype(dtype)
 
 
+@contextlib.contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A partial file beside ``path`` (its folder made) for the block to write: it becomes ``path`` when the
+    block ends, so that no reader ever sees half a file, and is removed when the block fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        yield part
+        os.replace(part, path)
+    finally:
+        with contextlib.suppress(OSError):  # gone once replaced
+            part.unlink()
+
+
 def cache_root() -> Path:
     """Where OpBench keeps what it can compute again (downloads, features): ``$OPBENCH_CACHE`` or
     ``~/.cache/opbench``."""

@@ -9,7 +9,7 @@ import pytest
 
 from opbench import OpBenchError
 from opbench.cli.format import check_output_path, kind_totals, one_line
-from opbench.utils import announced
+from opbench.utils import announced, written_whole
 
 
 def test_one_line_escapes_control_characters():
@@ -42,3 +42,15 @@ def test_announced_only_for_long_phases(caplog):
         with announced("slow", after_s=0.05):
             time.sleep(0.3)
     assert [r.message for r in caplog.records] == ["slow"]
+
+
+def test_a_file_is_written_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "new" / "f.txt"
+    with written_whole(path) as part:
+        part.write_text("whole")
+        assert not path.exists()  # nobody sees it before the block ends
+    assert path.read_text() == "whole" and list(path.parent.iterdir()) == [path]
+    with pytest.raises(RuntimeError), written_whole(path) as part:
+        part.write_text("half")
+        raise RuntimeError("the writer failed")
+    assert path.read_text() == "whole" and list(path.parent.iterdir()) == [path]  # kept, no partial left

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import sqlite3
 import types
 import zipfile
@@ -29,7 +28,7 @@ import numpy as np
 
 from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
-from ..utils import cache_root, digest
+from ..utils import cache_root, digest, written_whole
 from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, r2, rmse, top_k
 from .splits import check_split, folds, group_label
@@ -127,11 +126,8 @@ def _write_cache(path: Path, known: dict[str, np.ndarray | None]) -> None:
     arrays = {"keys": np.array(list(known), dtype="U24"), "rows": rows,
               "features": np.concatenate(feats).astype("float32") if feats else np.zeros((0, FEATURE_WIDTH), "float32")}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        with open(part, "wb") as f:
+        with written_whole(path) as part, open(part, "wb") as f:
             np.savez_compressed(f, **arrays)
-        os.replace(part, path)
     except OSError as err:  # a read-only home: the features are computed again next time
         log.debug("feature cache not written (%s)", err)
 

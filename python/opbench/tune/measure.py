@@ -93,20 +93,18 @@ def use_cuda_compiler(compiler: str | None) -> None:
 def _prelude_file() -> str:
     """The header :func:`use_cuda_compiler` pre-includes: one file per content in ``$OPBENCH_CACHE/nvrtc``
     (written once, through a partial file; a temporary folder where the cache cannot be written)."""
-    from ..utils import cache_root, digest
+    from pathlib import Path
+
+    from ..utils import cache_root, digest, written_whole
 
     name = f"opbench_prelude_{digest(_PRELUDE)}.h"
     for folder in (cache_root() / "nvrtc", None):
         try:
-            base = folder if folder is not None else tempfile.mkdtemp(prefix="opbench-nvrtc-")
-            os.makedirs(base, exist_ok=True)
-            path = os.path.join(base, name)
-            if not os.path.isfile(path):
-                part = f"{path}.{os.getpid()}.part"
-                with open(part, "w") as f:
-                    f.write(_PRELUDE)
-                os.replace(part, path)
-            return path
+            path = (folder if folder is not None else Path(tempfile.mkdtemp(prefix="opbench-nvrtc-"))) / name
+            if not path.is_file():
+                with written_whole(path) as part:
+                    part.write_text(_PRELUDE)
+            return str(path)
         except OSError:
             continue
     raise OSError("no folder for NVRTC's pre-included header")
