@@ -126,6 +126,36 @@ def test_a_killed_run_resumes_without_a_lost_or_duplicated_row(tmp_path):
     assert "already stored" in done.stdout + done.stderr
 
 
+def test_a_task_that_ran_out_of_candidates_is_not_sampled_again(sampled, tmp_path):
+    """A seed gives a task the same candidates every time: once a run with that seed ran out of distinct ones,
+    a resumed run does not spend the attempt budget again; a larger --per-task or another seed does."""
+    import shutil
+
+    from opbench.dataset import Dataset
+    from opbench.pipeline.sample import sample, sampled_before
+
+    job, result = sampled
+    copy = tmp_path / "ds.sqlite"
+    shutil.copy(job.dataset, copy)
+    with sqlite3.connect(copy) as conn:  # the third candidate of each task never existed
+        conn.execute("DELETE FROM trials WHERE trial = 2")
+    again = dataclasses.replace(job, dataset=str(copy), export_database=None, audit=0.0, devices=None)
+    with Dataset(copy) as dataset:
+        keys = [t.key for t in result.tasks]
+        assert [sampled_before(dataset, k, again) for k in keys] == [3] * len(keys)  # not noted as run out
+        for key in keys:  # as a run asked for 3 and given 2 distinct candidates by seed 0 would have noted it
+            (row,) = dataset.rows("tasks", {"workload_id": key})
+            spent = json.loads(row["sampling"])
+            spent["seed=0"].update(kept=2, exhausted=True)
+            dataset.update("tasks", {"sampling": spent}, {"workload_id": key})
+        assert [sampled_before(dataset, k, again) for k in keys] == [2] * len(keys)
+        assert sampled_before(dataset, keys[0], dataclasses.replace(again, per_task=4)) == 4
+        assert sampled_before(dataset, keys[0], dataclasses.replace(again, seed=1)) == 3
+    resumed = sample(again, command="test")
+    assert resumed.stats.sampled == 0 and resumed.stats.records == 0  # nothing sampled, built or measured
+    assert resumed.stored == 2 * len(keys)
+
+
 def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     from opbench.pipeline.sample import SampleJob
     from opbench.pipeline.spec import SpecError

@@ -417,12 +417,19 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
             stats, stored = FarmStats(), 0
         else:
             farm_tasks = []  # every task's row is stored: as its model was extracted, or before (from the dataset)
+            ran_out = 0
             for task in tasks:
                 mod_json, args_info = encode(task)
                 key = model_key(task.key, dev_id, config, job.flush_l2)
                 done = {r["trial"] for r in dataset.rows("trials", {**key, "tuner": "sample"})}
-                farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, job.per_task,
+                count = sampled_before(dataset, task.key, job)
+                ran_out += count < job.per_task
+                farm_tasks.append(FarmTask(task.key, task.name, mod_json, target_json, task.space, count,
                                            args_info, done))
+            if ran_out:
+                log.info("sample: %d tasks ran out of distinct candidates in an earlier run with seed %d; they are "
+                         "not sampled again (a larger --per-task or another --seed samples them anew)", ran_out,
+                         job.seed)
             by_key = {t.key: t for t in tasks}
 
             def row_key(task: FarmTask) -> dict[str, Any]:
@@ -500,6 +507,23 @@ def _task_row(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, 
             "dtype": task.dtype, "space": task.space, "mod": mod_json, "args_info": args_info, "flops": task.flops,
             "uses": uses, "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
             "created_at": old["created_at"] if old else now()}
+
+
+def sampled_before(dataset: Dataset, key: str, job: SampleJob) -> int:
+    """How many candidates the task can still give for ``job``: ``job.per_task``, or fewer when an earlier run
+    with the same seed and at least as many candidates asked for ran out of distinct ones (or could not sample
+    the task at all).
+
+    Sampling is deterministic for a seed and prefix-stable (:mod:`opbench.tune.sampler`), so that run's
+    ``kept`` candidates are all this seed gives: sampling the task again would spend its whole attempt budget
+    on duplicates and rejections for nothing.
+    """
+    (row,) = dataset.rows("tasks", {"workload_id": key}) or [None]
+    sampling = json.loads(row["sampling"]) if row and row["sampling"] else {}
+    spent = sampling.get(f"seed={job.seed}") or {}
+    if spent.get("exhausted") and int(spent.get("per_task") or 0) >= job.per_task:
+        return min(job.per_task, int(spent.get("kept") or 0))
+    return job.per_task
 
 
 def _note_sampling(dataset: Dataset, key: str, job: SampleJob, stats: dict[str, Any]) -> None:

@@ -93,6 +93,7 @@ class FarmConfig:
     ahead: int = 0  # built or building candidates not yet measured, at most (0: 2 per builder, 8 per device)
     progress_s: float = 5.0
     time_limit_s: float | None = None  # then no new candidate starts; those built are measured (a re-run resumes)
+    drain_s: float = 30.0  # past the time limit, at most this long to measure what is built; the rest is dropped
     rpc: dict[str, Any] | None = None  # RPC tracker (host, port, key, timeout_s): one measurer per ``devices`` entry
 
 
@@ -264,7 +265,7 @@ def _device(kind: str, rpc: dict[str, Any] | None = None) -> tuple[Any, Any]:
 
 def _arguments(args_info: list[Any], dev: Any, session: Any = None) -> list[Any]:
     """Random arguments for a PrimFunc (MetaSchedule's ArgInfo JSON), reused for equal signatures; on the
-    session's device when remote."""
+    session's device when remote. Integer arguments hold valid indices (:func:`index_values`)."""
     key = json.dumps(args_info)
     if key not in _ARGS:
         if len(_ARGS) > 64:
@@ -272,12 +273,40 @@ def _arguments(args_info: list[Any], dev: Any, session: Any = None) -> list[Any]
         if session is None:
             from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
 
-            _ARGS[key] = default_alloc_argument(dev, args_info, 1)[0]
+            args = default_alloc_argument(dev, args_info, 1)[0]
         else:
             from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument as remote_alloc
 
-            _ARGS[key] = remote_alloc(session, dev, args_info, 1)[0]
+            args = remote_alloc(session, dev, args_info, 1)[0]
+        for arg, values in zip(args, index_values(args_info), strict=True):
+            if values is not None:
+                arg.copyfrom(values)
+        _ARGS[key] = args
     return _ARGS[key]
+
+
+def index_values(args_info: list[Any], seed: int = 0) -> list[Any]:
+    """Values for a PrimFunc's integer arguments that are valid indices, ``None`` for the others.
+
+    MetaSchedule fills every argument with random bits, so the indices of ``take``, ``gather`` or an
+    embedding point far outside their tensor: the kernel reads out of bounds (on a GPU an illegal
+    address, which also ends the measuring process). An integer argument here holds uniform values in
+    ``[0, m)``, where ``m`` is the smallest extent of any axis of any argument: a valid index into every
+    axis of every tensor the function takes, whichever axis it indexes.
+    """
+    import numpy as np
+
+    tensors = [(str(info[1]), [int(d) for d in info[2]]) for info in args_info]
+    extents = [d for _, shape in tensors for d in shape if d > 0]
+    bound = max(1, min(extents, default=1))
+    rng = np.random.default_rng(seed)
+    out: list[Any] = []
+    for dtype, shape in tensors:
+        if dtype.startswith(("int", "uint")):
+            out.append(rng.integers(0, bound, size=shape).astype(dtype))
+        else:
+            out.append(None)
+    return out
 
 
 def _flush_function(dev: Any) -> str:
@@ -509,6 +538,11 @@ class Farm:
         audit_phase = False
         while True:
             signals.check()
+            if config.time_limit_s is not None and time.perf_counter() - start > config.time_limit_s + config.drain_s:
+                dropped = len(built) + sum(1 for w in builders + measurers if w.job and w.job["kind"] != "sample")
+                log.info("sample: %.0f s past the time limit; %d built candidates are not measured (a re-run "
+                         "samples them again)", config.drain_s, dropped)
+                return
             if config.time_limit_s is not None and not audit_phase and (pending or to_build or sampling) and \
                     time.perf_counter() - start > config.time_limit_s:
                 log.info("sample: time limit of %.0f s reached; measuring what is built (a re-run resumes)",
@@ -702,4 +736,4 @@ class Farm:
                  100 * running / (wall * max(len(builders), 1)), devices, pending, to_build, built)
 
 
-__all__ = ["Farm", "FarmConfig", "FarmStats", "FarmTask", "Record", "Timing", "measure_artifact"]
+__all__ = ["Farm", "FarmConfig", "FarmStats", "FarmTask", "Record", "Timing", "index_values", "measure_artifact"]
