@@ -147,3 +147,17 @@ def test_no_job_imports_a_job_that_imports_it_back():
     (compare and compile did). The plug-in bases elsewhere (``Profiler.create``, ``load_predictor``) import
     their implementations inside their factories, by design."""
     assert _cycle(_module_imports(PACKAGE / "pipeline")) is None
+
+
+def test_loggers_follow_the_packages():
+    """Each module logs under its own name (``opbench.tune.farm``, ...), a child of ``opbench``: a user
+    quiets or raises one package (``logging.getLogger("opbench.tune")``) and ``--debug`` names the writer."""
+    flat = []
+    for path in sorted((ROOT / "python" / "opbench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                    getattr(node.value.func, "attr", "") == "getLogger" and node.value.args and \
+                    isinstance(node.value.args[0], ast.Constant) and \
+                    str(node.value.args[0].value).startswith("opbench"):  # another library's logger is its own
+                flat.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not flat, f"loggers named by a constant, not __name__: {flat}"

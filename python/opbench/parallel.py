@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import OpBenchError
+from .errors import OpBenchError, first_line
 from .pipeline.compare import check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
 from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
@@ -29,7 +29,7 @@ from .schedule import Schedule
 from .utils import check_output_path
 
 __all__ = ["CapturedSchedule", "capturer", "optimize"]
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def _load_schedule(schedule: Schedule | str | Path | None) -> Schedule | None:
@@ -94,7 +94,7 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
             given = Schedule.load(cached)
             phases["cache"] = 1.0  # the cut and the schedule of an earlier build: no search
         except (OpBenchError, OSError, ValueError) as err:
-            log.info("capturer cache %s not used: %s", cached, str(err).splitlines()[0] if str(err) else err)
+            log.info("capturer cache %s not used: %s", cached, first_line(err))
     check_kernels(kernels)
     check_sm_partition(sm_partition)
     clock = time.perf_counter()

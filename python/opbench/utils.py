@@ -94,7 +94,7 @@ def announced(message: str, after_s: float = 1.0) -> Iterator[None]:
     Long phases say what they are doing; a quick one that fails (bad input) leaves stderr to its
     one-line error.
     """
-    timer = threading.Timer(after_s, logging.getLogger("opbench").info, (message,))
+    timer = threading.Timer(after_s, logging.getLogger(__name__).info, (message,))
     timer.daemon = True
     timer.start()
     try:
@@ -120,7 +120,7 @@ def device_lock(what: str = "measuring") -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logging.getLogger("opbench").info("waiting for the device lock %s before %s", path, what)
+            logging.getLogger(__name__).info("waiting for the device lock %s before %s", path, what)
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -54,3 +54,13 @@ def test_a_file_is_written_whole_or_not_at_all(tmp_path):
         part.write_text("half")
         raise RuntimeError("the writer failed")
     assert path.read_text() == "whole" and list(path.parent.iterdir()) == [path]  # kept, no partial left
+
+
+def test_first_line_of_an_error():
+    from opbench.errors import first_line
+
+    assert first_line(RuntimeError("NVRTC compilation failed:\nwarning #1444-D ...\nerror ...")) == \
+        "NVRTC compilation failed:"
+    assert first_line(KeyError()) == "KeyError"  # an empty message: the type's name
+    assert first_line(ValueError("\n  bad shape\n")) == "bad shape"
+    assert first_line("a worker's text\nmore") == "a worker's text" and first_line("") == ""

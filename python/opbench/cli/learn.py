@@ -21,7 +21,7 @@ from .args import (
 )
 from .format import check_output_path, human, shape_text, write_json
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def _device_name_flag(p: Any) -> None:

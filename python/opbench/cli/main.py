@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from .. import signals
 from .._version import __version__
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from ..utils import PERCENTILES, announced
 from . import learn
 from . import sample as sample_cmd
@@ -68,7 +68,7 @@ from .format import (
     write_json,
 )
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def _add_collect(sub: Any) -> None:
@@ -688,7 +688,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
     # a log file that cannot be written (MetaSchedule's, on a full disk) is not worth a traceback; with --debug it is
     logging.raiseExceptions = bool(args.debug)
     with native_stderr(not verbose):  # TVM's C++ warnings belong behind -v (they are not about the user's input)
-        logging.basicConfig(level=level, format="opbench: %(message)s", stream=sys.stderr, force=True)
+        # with --debug each line names the module that wrote it (loggers follow the packages: opbench.tune.farm, ...)
+        logging.basicConfig(level=level, format="%(name)s: %(message)s" if args.debug else "opbench: %(message)s",
+                            stream=sys.stderr, force=True)
         logging.captureWarnings(True)  # other libraries' Python warnings (matplotlib's) also only with -v
         logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.CRITICAL)
         try:
@@ -710,7 +712,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
                 return _interrupted(prog)
             if args.debug:
                 traceback.print_exc()
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             sys.stderr.write(f"{prog}: error: {type(err).__name__}: {one_line(first)} "
                              "(run with --debug for the traceback)\n")
             return EXIT_FAILURE

@@ -25,7 +25,7 @@ from ..errors import OpBenchError
 from . import migrate
 from .schema import ALL_TABLES, KEY_COLUMNS, SCHEMA_VERSION, TABLES, columns_of, create_statements
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 30.0
 RESERVE_BYTES = 256 * 1024  # room for a run's final status on a disk that fills up (Dataset.start_run)
 

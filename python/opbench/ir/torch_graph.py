@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from .features import tensor_bytes
 from .graph import ArgRef, OpGraph, OpNode
 
@@ -117,7 +117,7 @@ class TorchGraph:
                 graph = self._trace_fx(model, inputs, trace == "graph")
             except Exception as err:
                 if trace in ("fx", "graph"):
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    first = first_line(err)
                     raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
                 self.env, self.placeholders, self.modules = {}, [], {}  # auto: start again with export
         self.trace = "export" if graph is None else "graph" if trace == "graph" else "fx"
@@ -140,7 +140,7 @@ class TorchGraph:
             with torch.no_grad():
                 program = torch.export.export(model, tuple(inputs))
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
         sig = program.graph_signature
         state = {**program.state_dict, **program.constants}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 
 
 def import_torch() -> Any:
@@ -81,13 +81,13 @@ def export_to_relax(module: Any, example_args: Sequence[Any]) -> Any:
         with torch.no_grad():
             program = torch.export.export(module, tuple(example_args))
     except Exception as err:  # torch raises many exception types here
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise OpBenchError(f"torch.export failed for {type(module).__name__}: {first}") from err
     try:
         return from_exported_program(program, unwrap_unit_return_tuple=True,
                                      custom_convert_map={"cumsum.default": _cumsum_promoting})
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise OpBenchError(
             f"TVM's PyTorch importer failed for {type(module).__name__}: {first}"
         ) from err

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from ..utils import cache_root, file_sha256
 from .base import InputSpec, ModelSource, Workload
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
                 11: "float64", 16: "bfloat16"}
@@ -174,7 +174,7 @@ def _check_onnx(path: Path, name: str) -> None:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise OpBenchError(f"{name!r} is not an ONNX model ({first}); nothing cached") from None
     if not model.ir_version or not model.graph.node:
         raise OpBenchError(f"{name!r} is not an ONNX model (no graph); nothing cached")
@@ -276,7 +276,7 @@ class OnnxSource(ModelSource):
             model = onnx.load(str(path))
             onnx.checker.check_model(model)
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise OpBenchError(f"invalid ONNX file '{name}': {first}") from None
         inits = {init.name for init in model.graph.initializer}
         specs = []
@@ -305,7 +305,7 @@ class OnnxSource(ModelSource):
             mod = from_onnx(model, {s.name: list(s.shape) for s in specs},
                             {s.name: s.dtype for s in specs})
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise OpBenchError(f"TVM's ONNX importer failed for '{name}': {first}") from None
         is_url = "://" in name
         location = redact(name) if is_url else str(Path(name).expanduser().resolve())

@@ -30,7 +30,7 @@ from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relati
 from ..utils import device_lock
 from .runs import recorded_run
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

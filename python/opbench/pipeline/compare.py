@@ -47,7 +47,7 @@ from ..schedule import Schedule, SchedulingCost, get_scheduler
 from ..utils import PERCENTILES
 from .costs import operator_latencies, scheduling_cost
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
 #: the schedulers of the fast mode: each schedules a 300-operator graph in milliseconds
 FAST_SCHEDULERS = ("sequential", "greedy", "nimble", "opara")

@@ -32,7 +32,7 @@ from ..runtime import BuiltModule, OperatorKernels, build_module
 from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
 from ..runtime.target import tuning_target
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 #: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
 MERGE_MODES = ("none", "all", "ios")
 

@@ -31,7 +31,7 @@ from ..utils import digest
 from .runs import recorded_run
 from .spec import Spec, SpecError
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 MAX_PER_TASK = 100_000
 COMPILERS = ("nvrtc-pch", "nvrtc", "nvcc")  # opbench.tune.measure.CUDA_COMPILERS

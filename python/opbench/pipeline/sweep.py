@@ -34,7 +34,7 @@ from .. import signals
 from ..errors import OpBenchError
 from ..utils import digest
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 #: what a state file says it is (files of earlier versions say nothing, and are read by their shape)
 STATE_FORMAT = "opbench-sweep-state"

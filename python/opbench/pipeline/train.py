@@ -16,7 +16,7 @@ from ..ir import extract_operators
 from ..models import load_workload
 from ..predict.trials import target_for
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,

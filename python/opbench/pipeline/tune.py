@@ -35,7 +35,7 @@ from ..tune import get_tuner
 from .collect import measurement_key
 from .runs import recorded_run
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from ..errors import OpBenchError
 from .base import WHATS, Predictor, load_predictor, target_kind
 from .splits import SPLITS
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 #: the fewest held-out groups (models for by_model) a predictor is trained on

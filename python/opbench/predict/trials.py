@@ -33,7 +33,7 @@ from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, r2, rmse, top_k
 from .splits import check_split, folds, group_label
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 MIN_TASKS = 2
 MIN_TRIALS = 2
 DATA_BLOB = "trials_data.npz"  # the training data's arrays (NumPy's npz, read without pickle)

@@ -25,14 +25,14 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from ..runtime.device import gpu_index, gpu_uuid, nvml_handle, nvml_query
 from ..runtime.graphs import CapturedGraph, capture_graph, fork_join
 from ..runtime.kernels import OperatorKernels
 from .base import Profiler
 from .timer import Timing, TimingConfig, cuda_event_samples
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 #: a graph whose one replay is shorter than this is captured several times over (see the module docstring)
 UNROLL_S = 100e-6
@@ -202,7 +202,7 @@ class CudaProfiler(Profiler):
                                        funcs, self.props.multi_processor_count,
                                        self.props.max_threads_per_multi_processor)
         except Exception as err:  # resources are extra columns; timing goes on without them
-            log.warning("kernel resources unavailable: %s", str(err).splitlines()[0] if str(err) else err)
+            log.warning("kernel resources unavailable: %s", first_line(err))
             return {}
         return {n.index: by_func.get(n.func, {}) for n in kernels.graph}
 
@@ -361,6 +361,6 @@ class CudaProfiler(Profiler):
 
             timing = self.time_launch(lambda: fork_join(torch.cuda.current_stream(), streams, body), config)
         except Exception as err:  # the row keeps its other measurements
-            log.warning("co-run with SM partitions of %s failed: %s", list(group), str(err).splitlines()[0])
+            log.warning("co-run with SM partitions of %s failed: %s", list(group), first_line(err))
             return None, None
         return timing.median, [share] * len(group)

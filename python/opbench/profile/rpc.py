@@ -32,12 +32,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from .base import Profiler
 from .timer import Timing, TimingConfig, time_evaluator
 
 T = TypeVar("T")
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
@@ -57,7 +57,7 @@ def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
         raise OpBenchError(f"{what}: no answer within {seconds:g} s")
     if "error" in box:
         err = box["error"]
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise OpBenchError(f"{what}: {first}") from None
     return box["value"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def default_heldout(dataset: str | Path) -> Path | None:

@@ -12,7 +12,7 @@ from tvm import relax
 
 from .target import device_for, is_gpu
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def schedule_passes(target: Any) -> list[Any]:

@@ -19,11 +19,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
 from .backend import TorchBackend
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[Any, str]:
@@ -37,14 +37,14 @@ def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[A
             return torch.fx.symbolic_trace(model), "fx"
         except Exception as err:
             if trace == "fx":
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = first_line(err)
                 raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
     try:
         with torch.no_grad():
             program = torch.export.export(model, tuple(inputs))
         return program.module(), "export"
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
 
 
@@ -59,7 +59,7 @@ def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, 
             compiled(*inputs)
         return compiled, None
     except Exception as err:  # a region Inductor cannot take runs its ATen operators
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         return region, f"{type(err).__name__}: {first[:200]}"
 
 

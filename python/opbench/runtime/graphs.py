@@ -18,7 +18,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-log = logging.getLogger("opbench")
+from ..errors import first_line
+
+log = logging.getLogger(__name__)
 EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
 #: the name of the baseline row: the user's module captured as it is
 MODEL_ROW = "model, CUDA Graph"
@@ -164,7 +166,7 @@ class CapturedModel:
                 captured = capture_graph(launch, warmup=3)
                 self.graph, self.outputs = captured, captured.result
             except Exception as err:  # data-dependent code, host syncs: run it eagerly
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = first_line(err)
                 self.reason = f"cannot be captured in a CUDA Graph ({first})"
                 log.info("the model %s; its baseline runs eagerly", self.reason)
 

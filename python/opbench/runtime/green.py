@@ -23,11 +23,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from ..schedule.base import check_sm_sizes
 from .device import gpu_index
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 #: the oldest CUDA driver with green contexts (12.4)
 MIN_DRIVER = 12040
 _said: set[str] = set()
@@ -67,7 +67,7 @@ def support() -> str | None:
         _check(drv.cuInit(0), "cuInit")
         version = _check(drv.cuDriverGetVersion(), "cuDriverGetVersion")
     except Exception as err:  # a broken driver install: partitions stay off
-        return f"the CUDA driver cannot be queried ({str(err).splitlines()[0] if str(err) else err})"
+        return f"the CUDA driver cannot be queried ({first_line(err)})"
     if int(version) < MIN_DRIVER:
         return f"the CUDA driver ({int(version) // 1000}.{int(version) % 1000 // 10}) predates green contexts (12.4)"
     if not hasattr(drv, "cuGreenCtxCreate"):

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from ..errors import OpBenchError
+from ..errors import OpBenchError, first_line
 from .device import gpu_index
 
 TARGETS = ("llvm", "cuda")
@@ -68,7 +68,7 @@ def resolve_target(target: Any, local_device: bool = True) -> Any:
     try:
         return tvm.target.Target(config)
     except Exception as err:
-        raise OpBenchError(f"bad target {json.dumps(config)}: {str(err).splitlines()[0]}") from None
+        raise OpBenchError(f"bad target {json.dumps(config)}: {first_line(err)}") from None
 
 
 def tuning_target(target: Any, device: Any = None) -> Any:

@@ -29,7 +29,7 @@ from ..errors import OpBenchError
 from ..utils import digest
 from .knobs import dumps
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 FAILED_S = 1e9  # MetaSchedule stores a failed candidate as run_secs [1e10]
 
 

@@ -45,9 +45,10 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .. import signals
+from ..errors import first_line
 from .sampler import Candidate, SampleStats
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -644,7 +645,7 @@ class Farm:
             return
         worker.finish()
         if kind == "error":
-            log.warning("%s: sampling failed: %s", task.name, str(payload).splitlines()[0])
+            log.warning("%s: sampling failed: %s", task.name, first_line(payload))
             payload = {"rejected": {}, "seconds": 0.0, "exhausted": True, "error": payload}
         self.stats.sample_s += payload.get("seconds", 0.0)
         self.stats.rejected.update(payload.get("rejected", {}))

@@ -23,7 +23,7 @@ from typing import Any
 
 from .knobs import trace_json
 
-log = logging.getLogger("opbench")
+log = logging.getLogger(__name__)
 
 
 @functools.cache
