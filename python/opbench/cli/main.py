@@ -54,6 +54,7 @@ from .args import (
     positive_int,
     sweep_points,
 )
+from .collect_job import apply_config, config_path
 from .format import (
     check_output_path,
     format_comparison,
@@ -122,6 +123,9 @@ def _add_collect(sub: Any) -> None:
                         "<dataset>.sweep-<digest>.json beside the dataset)")
     o.add_argument("--point-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="a sweep point running longer is killed (and counted as failed)")
+    o.add_argument("--config", default=None, metavar="FILE",
+                   help="the job as JSON (a CollectJob, opbench.pipeline.CollectJob: its fields are the defaults of "
+                        "these flags; flags given here override them)")
     p.set_defaults(func=cmd_collect)
 
 
@@ -675,6 +679,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
     argv = _normalise(list(sys.argv[1:] if argv is None else argv), list(commands))
     if prog != "opbench":  # the OpBench-compatible script: its own name in collect's help and errors
         commands["collect"].prog = prog
+    if "collect" in argv[:2]:  # a job file fills in collect's flags before they are parsed
+        try:
+            path = config_path(argv)
+            if path is not None:
+                apply_config(commands["collect"], path)
+        except OpBenchError as err:
+            sys.stderr.write(f"{prog}: error: {one_line(err)}\n")
+            return EXIT_USAGE
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

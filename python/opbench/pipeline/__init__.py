@@ -8,7 +8,8 @@ packages below:
 * :mod:`.train`    train a predictor on a dataset
 """
 
-from .collect import CollectOptions, CollectResult, collect, measurement_key
+from .collect import CollectJob, CollectOptions, CollectResult, collect, measurement_key
 from .compile import CompiledWorkload, compile_workload
 
-__all__ = ["CollectOptions", "CollectResult", "CompiledWorkload", "collect", "compile_workload", "measurement_key"]
+__all__ = ["CollectJob", "CollectOptions", "CollectResult", "CompiledWorkload", "collect", "compile_workload",
+           "measurement_key"]

@@ -29,6 +29,7 @@ from ..profile.timer import Timing, TimingConfig
 from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relative_error
 from ..utils import device_lock
 from .runs import recorded_run
+from .spec import Spec, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,138 @@ class CollectOptions:
     measure_vm: bool = True
     database: str | Path | None = None
     exclude: set[str] = dataclasses.field(default_factory=set)
+
+
+#: the parallel schedulers ``compare`` measures by default
+DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
+#: what ``cost``, ``ios_cost`` and ``sm_partition`` accept
+COSTS = ("measured", "predicted", "measured,predicted")
+IOS_COSTS = ("model", "measured", "model,measured")
+SM_PARTITIONS = ("off", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectJob(Spec):
+    """A collection as plain data: which models, how they are measured, tuned and compared.
+
+    ``opbench collect --config job.json`` loads one (flags given on the command line override its fields),
+    ``job.save(path)`` writes one; :meth:`validate` names the field that is wrong. Several models, batch
+    sizes or dtypes make a sweep (every combination, each point in its own process).
+
+    Attributes
+    ----------
+    models, source, target, batch_sizes, dtypes:
+        What is measured, and on what (``target``: ``llvm``, ``cuda`` or a JSON target).
+    image_size, seqlen, seed, sha256:
+        How models are built (input size, sequence length, the seed of weights and inputs, an ONNX
+        file's expected digest).
+    devices:
+        GPUs a sweep spreads over (one worker each).
+    repeat, warmup, min_repeat_ms, flush_l2, check, corun, corun_k, corun_limit, force:
+        Measurement: samples per operator, untimed calls, least duration of a sample, caches flushed,
+        the replay checked against the Relax VM, co-run groups (largest, how many), re-measure rows
+        already stored.
+    tune, tuner, trials, predictor, tune_tasks, tune_time_s, database:
+        Tuning with MetaSchedule before measuring (every trial kept), and a predictor for its cost
+        model or for ``cost="predicted"``.
+    rpc_tracker, rpc_key, rpc_workers:
+        Measure on devices registered with a TVM RPC tracker (builds stay here).
+    compare, schedulers, compare_repeat, compare_number, cost, ios_cost, ios_time_limit_s, sm_partition:
+        Parallel schedules of the collected kernels, measured side by side.
+    dataset:
+        The SQLite dataset (``None``: ``$OPBENCH_DATASET``, else ``data/opbench.sqlite``).
+    """
+
+    models: tuple[str, ...] = ("resnet-18",)
+    source: str = "local"
+    target: str = "llvm"
+    batch_sizes: tuple[int, ...] = (1,)
+    dtypes: tuple[str, ...] = ("float32",)
+    image_size: int | None = None
+    seqlen: int = 128
+    seed: int = 0
+    sha256: str | None = None
+    devices: tuple[int, ...] | None = None
+    repeat: int = 10
+    warmup: int = 1
+    min_repeat_ms: float = 5.0
+    flush_l2: bool = False
+    check: bool = True
+    corun: bool = False
+    corun_k: int = 4
+    corun_limit: int = 200
+    force: bool = False
+    tune: bool = False
+    tuner: str = "xgb"
+    trials: int = 64
+    predictor: str | None = None
+    tune_tasks: int | None = None
+    tune_time_s: float | None = None
+    database: str | None = None
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
+    rpc_workers: int | None = None
+    compare: bool = False
+    schedulers: tuple[str, ...] = DEFAULT_SCHEDULERS
+    compare_repeat: int = 10
+    compare_number: int = 20
+    cost: str = "measured"
+    ios_cost: str = "model"
+    ios_time_limit_s: float = 60.0
+    sm_partition: str = "off"
+    dataset: str | None = None
+
+    def validate(self) -> None:
+        """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..models import DTYPES, check_dtype, list_sources
+        from ..schedule import SCHEDULERS
+        from ..tune.tuners import TUNERS
+
+        sources = list(list_sources())
+        if self.source not in sources:
+            raise SpecError("source", f"unknown source {self.source!r} (accepted: {', '.join(sources)})")
+        if not self.models or any(not m.strip() for m in self.models):
+            raise SpecError("models", "at least one model name is needed")
+        if not self.dtypes:
+            raise SpecError("dtypes", "at least one dtype is needed")
+        for dtype in self.dtypes:
+            try:
+                check_dtype(dtype)
+            except OpBenchError:
+                raise SpecError("dtypes", f"unknown dtype {dtype!r} (accepted: {', '.join(DTYPES)})") from None
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise SpecError("batch_sizes", f"positive sizes are needed, got {list(self.batch_sizes)}")
+        for name in ("seqlen", "repeat", "corun_k", "corun_limit", "trials", "compare_repeat", "compare_number"):
+            if getattr(self, name) < 1:
+                raise SpecError(name, f"must be 1 or more, got {getattr(self, name)}")
+        for name in ("image_size", "tune_tasks", "rpc_workers"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise SpecError(name, f"must be 1 or more, got {getattr(self, name)}")
+        for name in ("seed", "warmup"):
+            if getattr(self, name) < 0:
+                raise SpecError(name, f"must be 0 or more, got {getattr(self, name)}")
+        for name in ("min_repeat_ms", "tune_time_s", "ios_time_limit_s"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value < float("inf") and (name == "min_repeat_ms" or value > 0)):
+                raise SpecError(name, f"must be a finite positive number, got {value}")
+        if self.devices is not None and (not self.devices or any(d < 0 for d in self.devices)
+                                         or len(set(self.devices)) != len(self.devices)):
+            raise SpecError("devices", f"distinct indices of 0 or more are needed, got {list(self.devices)}")
+        if self.tuner not in TUNERS:
+            raise SpecError("tuner", f"unknown tuner {self.tuner!r} (accepted: {', '.join(TUNERS)})")
+        unknown = [s for s in self.schedulers if s not in SCHEDULERS]
+        if not self.schedulers or unknown:
+            raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
+                                          f"(accepted: {', '.join(SCHEDULERS)})")
+        for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS), ("sm_partition", SM_PARTITIONS)):
+            if getattr(self, name) not in accepted:
+                raise SpecError(name, f"{getattr(self, name)!r} is not one of {', '.join(accepted)}")
+        if self.rpc_tracker is None:
+            for name in ("rpc_key", "rpc_workers"):
+                if getattr(self, name) is not None:
+                    raise SpecError(name, "needs rpc_tracker (the TVM RPC tracker the devices registered with)")
+        elif not self.rpc_key:
+            raise SpecError("rpc_key", "the key the remote devices registered with is needed with rpc_tracker")
 
 
 #: how far the per-operator replay may differ from the Relax VM, by dtype (relative error)
@@ -298,4 +431,4 @@ def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, value
             "corun_failed": failed, "corun_s": time.perf_counter() - start}
 
 
-__all__ = ["CollectOptions", "CollectResult", "collect", "measurement_key", "progress"]
+__all__ = ["CollectJob", "CollectOptions", "CollectResult", "collect", "measurement_key", "progress"]
