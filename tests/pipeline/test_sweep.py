@@ -88,6 +88,26 @@ def test_cross_product_and_point_flags():
     assert strip_flags(["--json", "-", "--force"]) == ["--force"]
 
 
+def test_a_point_receives_its_job_as_a_spec(tmp_path):
+    """A point's process gets the sweep's CollectJob narrowed to the point, as a file; the command line keeps
+    only the flags that are not the job's."""
+    from opbench.cli.collect_job import job_flags
+    from opbench.pipeline import CollectJob
+    from opbench.pipeline.sweep import POINT_FLAGS, spec_command
+
+    job = CollectJob(models=("a", "b"), source="simple", batch_sizes=(1, 8), dtypes=("float16", "float32"),
+                     devices=(0, 1), repeat=3, check=False, tune=True)
+    argv = ["--modelsource", "simple", "--modelname", "a,b", "--batchsize", "1,8", "--dtype", "fp16,float32",
+            "--devices", "0,1", "--repeat", "3", "--no-check", "--iftune", "true", "--cache-dir", "/c", "-v"]
+    passthrough = strip_flags(argv, {**POINT_FLAGS, **job_flags()})
+    assert passthrough == ["--cache-dir", "/c", "-v"]
+    cmd = spec_command(job, passthrough)([], Point("b", 8, "float32"), tmp_path / "b-8.json")
+    assert cmd[cmd.index("--config") + 1] == str(tmp_path / "b-8.job.json") and cmd[-5:-3] == ["/c", "-v"]
+    point = CollectJob.load(tmp_path / "b-8.job.json")
+    assert point == CollectJob(models=("b",), source="simple", batch_sizes=(8,), dtypes=("float32",), repeat=3,
+                               check=False, tune=True)
+
+
 @pytest.mark.slow
 def test_a_real_sweep_keeps_the_good_points(tmp_path):
     path = tmp_path / "d.sqlite"
@@ -102,6 +122,8 @@ def test_a_real_sweep_keeps_the_good_points(tmp_path):
         rows = conn.execute("SELECT model, batch_size, latency_p90_s >= latency_p10_s FROM operators "
                             "ORDER BY batch_size, input_shapes").fetchall()
     assert len(rows) == 4 and all(r[2] == 1 for r in rows)
+    specs = sorted(tmp_path.glob("d.sweep-*/*.job.json"))  # each point ran from its own spec
+    assert len(specs) == 4 and {json.loads(p.read_text())["repeat"] for p in specs} == {2}
     again = run("--modelsource", "simple", "--modelname", models, "--batchsize", "1,2", *FAST,
                 "--dataset", str(path))
     assert again.returncode == 0 and "4 of 4 points finished (4 in an earlier run)" in again.stdout, again.stdout

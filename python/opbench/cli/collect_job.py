@@ -48,6 +48,17 @@ def flag_defaults(job: Any) -> dict[str, Any]:
     return out
 
 
+#: the flags of COLLECT_FLAGS that take no value
+SWITCHES = ("--flush-l2", "--no-check", "--corun", "--force")
+
+
+def job_flags() -> dict[str, bool]:
+    """Every flag that sets a field of the job (``True`` when it takes a value), ``--config`` and the
+    deprecated ``--pretrained`` among them: what a sweep's point receives in its spec, not on its command line."""
+    flags = {flag: flag not in SWITCHES for _dest, flag in COLLECT_FLAGS.values()}
+    return {**flags, "--config": True, "--pretrained": True}
+
+
 def job_from_args(args: argparse.Namespace) -> Any:
     """The :class:`CollectJob` that parsed ``collect`` flags describe (lists parsed as the flags parse them)."""
     from ..pipeline.collect import CollectJob
@@ -92,4 +103,4 @@ def apply_config(parser: argparse.ArgumentParser, path: str) -> Any:
     return job
 
 
-__all__ = ["COLLECT_FLAGS", "apply_config", "config_path", "flag_defaults", "job_from_args"]
+__all__ = ["COLLECT_FLAGS", "SWITCHES", "apply_config", "config_path", "flag_defaults", "job_flags", "job_from_args"]

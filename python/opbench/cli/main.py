@@ -306,9 +306,10 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
     ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
-    from ..pipeline.sweep import Sweep, check_state, format_sweep, state_path, strip_flags
+    from ..pipeline.sweep import POINT_FLAGS, Sweep, check_state, format_sweep, spec_command, state_path, strip_flags
     from ..runtime.device import check_index, parse_devices
     from ..runtime.target import target_config
+    from .collect_job import job_flags, job_from_args
 
     devices: list[int | None] = [None]
     cpu = target_config(args.target).get("kind") != "cuda"  # read without the GPU: the points' processes use it
@@ -331,7 +332,10 @@ def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
     log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",
              len(points), len({p.model for p in points}), len({p.batch for p in points}),
              len({p.dtype for p in points}), where, state)
-    sweep = Sweep(base, points, devices, state, timeout=args.point_timeout, progress=not args.quiet, cpu=cpu)
+    # each point receives its job as a spec (the sweep's job narrowed to it), plus the flags that are not the job's
+    command = spec_command(job_from_args(args), strip_flags(args.argv, {**POINT_FLAGS, **job_flags()}))
+    sweep = Sweep(base, points, devices, state, command=command, timeout=args.point_timeout, progress=not args.quiet,
+                  cpu=cpu)
     records = sweep.run()
     out = human(args)
     print(format_sweep(records), file=out)

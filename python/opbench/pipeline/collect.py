@@ -28,6 +28,7 @@ from ..profile.env import environment_tags
 from ..profile.timer import Timing, TimingConfig
 from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relative_error
 from ..utils import device_lock
+from .compare import COSTS, DEFAULT_SCHEDULERS, IOS_COSTS, SM_PARTITIONS, choices
 from .runs import recorded_run
 from .spec import Spec, SpecError
 
@@ -51,14 +52,6 @@ class CollectOptions:
     measure_vm: bool = True
     database: str | Path | None = None
     exclude: set[str] = dataclasses.field(default_factory=set)
-
-
-#: the parallel schedulers ``compare`` measures by default
-DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
-#: what ``cost``, ``ios_cost`` and ``sm_partition`` accept
-COSTS = ("measured", "predicted", "measured,predicted")
-IOS_COSTS = ("model", "measured", "model,measured")
-SM_PARTITIONS = ("off", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,9 +167,14 @@ class CollectJob(Spec):
         if not self.schedulers or unknown:
             raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
                                           f"(accepted: {', '.join(SCHEDULERS)})")
-        for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS), ("sm_partition", SM_PARTITIONS)):
-            if getattr(self, name) not in accepted:
-                raise SpecError(name, f"{getattr(self, name)!r} is not one of {', '.join(accepted)}")
+        for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS)):  # comma-separated, as the flags take them
+            try:
+                choices(getattr(self, name), accepted, name)
+            except OpBenchError:
+                raise SpecError(name, f"{getattr(self, name)!r}: each of {', '.join(accepted)}, comma-separated, "
+                                      "is accepted") from None
+        if self.sm_partition not in SM_PARTITIONS:
+            raise SpecError("sm_partition", f"{self.sm_partition!r} is not one of {', '.join(SM_PARTITIONS)}")
         if self.rpc_tracker is None:
             for name in ("rpc_key", "rpc_workers"):
                 if getattr(self, name) is not None:

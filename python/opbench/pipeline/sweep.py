@@ -144,6 +144,22 @@ def point_command(base_argv: Sequence[str], point: Point, json_path: Path) -> li
             "--json", str(json_path)]
 
 
+def spec_command(job: Any, passthrough: Sequence[str]) -> Callable[[Sequence[str], Point, Path], list[str]]:
+    """Points' commands that receive their job as a spec: the sweep's :class:`~opbench.pipeline.collect.CollectJob`
+    narrowed to the point (one model, batch size and dtype; no ``devices``) is written beside the point's JSON
+    and run with ``opbench collect --config``; ``passthrough`` are the command line's flags that are not the
+    job's (a download cache, ``--schedule``, ``-v``)."""
+
+    def command(_base: Sequence[str], point: Point, json_path: Path) -> list[str]:
+        spec = json_path.with_name(json_path.stem + ".job.json")
+        dataclasses.replace(job, models=(point.model,), batch_sizes=(point.batch,), dtypes=(point.dtype,),
+                            devices=None).save(spec)
+        return [sys.executable, "-m", "opbench", "collect", "--config", str(spec), *passthrough, "-q",
+                "--json", str(json_path)]
+
+    return command
+
+
 def _describe(code: int, log_path: Path) -> str:
     """What a child's exit status means, with its last error line."""
     if code in FINISHED:
@@ -364,4 +380,4 @@ def format_sweep(records: Sequence[dict[str, Any]]) -> str:
 
 
 __all__ = ["FINISHED", "POINT_FLAGS", "Point", "Sweep", "check_state", "cross", "format_sweep", "point_command",
-           "state_path", "strip_flags"]
+           "spec_command", "state_path", "strip_flags"]
