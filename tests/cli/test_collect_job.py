@@ -54,8 +54,8 @@ def test_config_and_flags_give_the_same_job(tmp_path):
     from opbench.pipeline import CollectJob
 
     flags = ["--modelsource", "simple", "--modelname", "branchy:branches=2,depth=2,matmul:n=64", "--dtype",
-             "fp16,float32", "--batchsize", "1,8", "--target", "cuda", "--repeat", "7", "--no-check", "--iftune", "true",
-             "--trials", "16", "--ifcompare", "true", "--schedulers", "sequential,greedy", "--devices", "0,1",
+             "fp16,float32", "--batchsize", "1,8", "--target", "cuda", "--repeat", "7", "--no-check", "--iftune",
+             "true", "--trials", "16", "--ifcompare", "true", "--schedulers", "sequential,greedy", "--devices", "0,1",
              "--dataset", str(tmp_path / "d.sqlite")]
     from_flags = job_from_args(_parse(flags))
     assert from_flags.models == ("branchy:branches=2,depth=2", "matmul:n=64")
