@@ -114,18 +114,18 @@ def device_lock(what: str = "measuring") -> Iterator[None]:
     if not path:
         yield
         return
-    import fcntl
+    from filelock import FileLock, Timeout
 
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logging.getLogger(__name__).info("waiting for the device lock %s before %s", path, what)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logging.getLogger(__name__).info("waiting for the device lock %s before %s", path, what)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def check_output_path(path: str | Path | None, flag: str) -> None:

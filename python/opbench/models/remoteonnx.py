@@ -14,7 +14,6 @@ lock and atomically, and a corrupt index is rebuilt.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -109,12 +108,10 @@ def _max_bytes(max_download_mb: float | None) -> int:
 @contextlib.contextmanager
 def _locked(cache: Path) -> Iterator[None]:
     """An exclusive lock on the cache index (other processes and threads wait)."""
-    with open(cache / "index.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    from filelock import FileLock
+
+    with FileLock(cache / "index.lock"):
+        yield
 
 
 def _read_index(path: Path) -> dict[str, str]:

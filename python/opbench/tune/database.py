@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import gzip
 import json
 import logging
@@ -174,7 +173,7 @@ def _cut_to_last_line(path: Path) -> None:
         handle.truncate(0)
 
 
-_held: dict[Path, list[Any]] = {}  # database folder -> [open lock file, holders in this process]
+_held: dict[Path, list[Any]] = {}  # database folder -> [its FileLock, holders in this process]
 
 
 @contextlib.contextmanager
@@ -186,25 +185,26 @@ def database_lock(folder: str | Path) -> Iterator[None]:
     second run, from another process, is refused in one line while the first holds the folder.
     Nested holds in one process share the lock.
     """
+    from filelock import FileLock, Timeout
+
     folder = Path(folder)
+    owner = folder / ".opbench-lock.owner"  # who holds it (the lock file itself is the library's)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         key = folder.resolve()
         if key not in _held:
-            handle = open(folder / ".opbench-lock", "a+")
+            lock = FileLock(folder / ".opbench-lock")
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                handle.close()
+                lock.acquire(timeout=0)
+            except Timeout:
+                try:
+                    holder = owner.read_text().strip() or "another process"
+                except OSError:
+                    holder = "another process"
                 raise OpBenchError(f"tuning database {str(folder)!r} is in use by another tuning run ({holder}); "
                                    "wait for it to finish, or tune into another --database") from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"process {os.getpid()}")
-            handle.flush()
-            _held[key] = [handle, 0]
+            owner.write_text(f"process {os.getpid()}")
+            _held[key] = [lock, 0]
     except OSError as err:
         raise OpBenchError(f"cannot use tuning database {str(folder)!r}: {err.strerror}") from None
     _held[key][1] += 1
@@ -213,11 +213,10 @@ def database_lock(folder: str | Path) -> Iterator[None]:
     finally:
         _held[key][1] -= 1
         if not _held[key][1]:
-            handle = _held.pop(key)[0]
+            lock = _held.pop(key)[0]
             with contextlib.suppress(OSError):
-                handle.truncate(0)
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
+                owner.unlink()
+            lock.release()
 
 
 def valid_secs(record: Any) -> list[float] | None:
