@@ -161,3 +161,17 @@ def test_loggers_follow_the_packages():
                     str(node.value.args[0].value).startswith("opbench"):  # another library's logger is its own
                 flat.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not flat, f"loggers named by a constant, not __name__: {flat}"
+
+
+def test_the_facade_and_compare_trace_torch_models_the_same_way():
+    """``capturer``/``optimize`` and ``compare --backend torch`` build their torch backends with one tracing
+    choice (``pipeline/compile.py``'s ``TORCH_TRACE``): no call of ``torch_backend`` names another."""
+    calls = []
+    for path in sorted((ROOT / "python" / "opbench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == \
+                    "torch_backend":
+                trace = [k.value for k in node.keywords if k.arg == "trace"]
+                calls.append((path.name, ast.unparse(trace[0]) if trace else "TORCH_TRACE"))
+    assert {name for name, _ in calls} >= {"parallel.py", "compare.py"}
+    assert {trace for _, trace in calls} == {"TORCH_TRACE"}, calls

@@ -109,8 +109,8 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     baselines += compiled_baselines(model, inputs, compile_variants(compiled, kernels), phases)
     clock = time.perf_counter()
     regions = given.meta.get("regions") if given is not None and kernels == "fused" else None
-    backend = torch_backend(model, inputs, merge, trace="auto", repeat=repeat, number=number, kernels=kernels,
-                            cut=cut, regions=regions)
+    backend = torch_backend(model, inputs, merge, repeat=repeat, number=number, kernels=kernels, cut=cut,
+                            regions=regions)  # traced as compare --backend torch traces (TORCH_TRACE)
     phases["trace_s" if kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s

@@ -669,8 +669,8 @@ def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any =
     baselines += compiled_baselines(module, inputs, compile_variants(compiled, kernels))
     if kernels == "fused":
         log.info("cutting %s into regions and compiling each with Inductor", workload.name)
-    backend = torch_backend(module, inputs, merge, trace="export" if kernels == "aten" else "auto", repeat=repeat,
-                            number=number, kernels=kernels, cut=cut, regions=regions if kernels == "fused" else None)
+    backend = torch_backend(module, inputs, merge, repeat=repeat, number=number, kernels=kernels, cut=cut,
+                            regions=regions if kernels == "fused" else None)  # traced as capturer traces (TORCH_TRACE)
     return backend, baselines
 
 

@@ -150,7 +150,13 @@ def check_kernels(kernels: str) -> str:
     return kernels
 
 
-def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = "auto",
+#: how every torch model is traced into operators, by ``capturer``/``optimize`` and by ``compare --backend torch``
+#: alike: torch.fx first (the calls the user wrote, traced in a fraction of export's time), torch.export when fx
+#: cannot trace the model (data-dependent Python control flow); :mod:`opbench.ir.torch_graph`
+TORCH_TRACE = "auto"
+
+
+def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = TORCH_TRACE,
                   repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
                   regions: Sequence[Sequence[str]] | None = None, **options: Any) -> KernelBackend:
     """A torch model's kernels as a backend: ``kernels="aten"``, a :class:`TorchBackend` (PyTorch's
