@@ -9,31 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OpBenchError
-from ..utils import join_names
+from ..registry import Registry, constant
 from .base import DTYPES, InputSpec, ModelSource, Workload, check_batch_size, check_dtype, numpy_dtype
 
 _SOURCES: dict[str, ModelSource] = {}
+#: the model sources by name (:meth:`ModelSource.create`); the built-in ones register on first use
+SOURCE_KINDS: Registry[ModelSource] = Registry("model source", load=lambda: _register_builtin(), sort=True)
 
 
 def register_source(source: ModelSource) -> ModelSource:
     """Register a model source under its name and aliases."""
     for key in (source.name, *source.aliases):
         _SOURCES[key] = source
+    SOURCE_KINDS.register(source.name, constant(source), aliases=tuple(source.aliases))
     return source
 
 
 def get_source(source: str | ModelSource) -> ModelSource:
-    """Look a source up by name (or pass a :class:`ModelSource` through)."""
+    """A source by name or alias (:meth:`ModelSource.create`), or a :class:`ModelSource` passed through."""
     if isinstance(source, ModelSource):
         return source
-    _register_builtin()
-    try:
-        return _SOURCES[str(source)]
-    except KeyError:
-        names = {s.name for s in _SOURCES.values()}
-        raise OpBenchError(
-            f"unknown model source '{source}' (accepted: {join_names(names)})"
-        ) from None
+    return SOURCE_KINDS.create(str(source))
 
 
 def list_sources() -> dict[str, list[str]]:
@@ -89,7 +85,7 @@ def check_fits(source: str | ModelSource, name: str, batch_size: int, **options:
 
 
 def _register_builtin() -> None:
-    if _SOURCES:
+    if "local" in _SOURCES:  # the built-in sources are there (a user's own may have come first)
         return
     from .hf import TransformersSource
     from .local import LocalSource

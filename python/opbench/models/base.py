@@ -140,6 +140,13 @@ class ModelSource:
     #: the dtypes ``load(..., dtype=...)`` can build (a source that keeps a model's own says float32 only)
     dtypes: tuple[str, ...] = DTYPES
 
+    @staticmethod
+    def create(kind: str) -> ModelSource:
+        """A registered source by name or alias: ``local``, ``simple``, ``remoteonnx``, ``transformers``."""
+        from . import get_source
+
+        return get_source(kind)
+
     def models(self) -> list[str]:
         """The model names this source accepts (for error messages and ``opbench models``)."""
         raise NotImplementedError

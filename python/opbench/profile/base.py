@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import OpBenchError
+from ..registry import Registry
 from .timer import Timing, TimingConfig, time_evaluator
 
 
@@ -42,17 +43,7 @@ class Profiler:
         (``time_evaluator`` on this machine), ``cuda`` (CUDA Graphs and events on this machine's GPU;
         ``corun_k``, ``corun_limit``) or ``rpc`` (remote devices; ``spec``, an
         :class:`~opbench.profile.rpc.RPCSpec`, and ``target``)."""
-        if kind == "local":
-            return LocalProfiler(**options)
-        if kind == "cuda":
-            from .cuda import CudaProfiler
-
-            return CudaProfiler(**options)
-        if kind == "rpc":
-            from .rpc import RPCProfiler
-
-            return RPCProfiler(**options)
-        raise OpBenchError(f"unknown profiler '{kind}' (accepted: {', '.join(Profiler.KINDS)})")
+        return PROFILER_KINDS.create(kind, **options)
 
     def place(self, built: Any) -> Any:
         """The compiled model where it is measured (here: ``built`` itself)."""
@@ -103,4 +94,21 @@ class LocalProfiler(Profiler):
     """TVM's ``time_evaluator`` on this machine (the default on CPU targets)."""
 
 
-__all__ = ["LocalProfiler", "Profiler"]
+def _cuda(**options: Any) -> Profiler:
+    from .cuda import CudaProfiler
+
+    return CudaProfiler(**options)
+
+
+def _rpc(**options: Any) -> Profiler:
+    from .rpc import RPCProfiler
+
+    return RPCProfiler(**options)
+
+
+#: the timing back ends by name (``Profiler.KINDS``, in this order)
+PROFILER_KINDS: Registry[Profiler] = Registry("profiler")
+for _kind, _factory in (("local", LocalProfiler), ("cuda", _cuda), ("rpc", _rpc)):
+    PROFILER_KINDS.register(_kind, _factory)
+
+__all__ = ["PROFILER_KINDS", "LocalProfiler", "Profiler"]

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import OpBenchError
 from ..ir.dag import transitive_reduction
-from .base import Schedule, Scheduler, WithCost, cross_stream_events
+from .base import SCHEDULER_KINDS, Schedule, Scheduler, WithCost, cross_stream_events
 from .cost import SchedulingCost
 from .greedy import Greedy
 from .ios import IOS
@@ -22,16 +21,15 @@ from .sequential import Sequential
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls for cls in (Sequential, Greedy, Nimble, Opara, IOS)
 }
+for _cls in SCHEDULERS.values():
+    SCHEDULER_KINDS.register(_cls.name, _cls)
 
 
 def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
-    """A scheduler by name (with constructor options) or the object itself."""
+    """A scheduler by name (with constructor options, :meth:`Scheduler.create`) or the object itself."""
     if isinstance(scheduler, Scheduler):
         return scheduler
-    try:
-        return SCHEDULERS[scheduler](**options)
-    except KeyError:
-        raise OpBenchError(f"unknown scheduler '{scheduler}' (accepted: {', '.join(SCHEDULERS)})") from None
+    return Scheduler.create(scheduler, **options)
 
 
 __all__ = ["IOS", "SCHEDULERS", "SchedulingCost", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",

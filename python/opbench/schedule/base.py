@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import OpBenchError
 from ..ir.dag import DAG, edges_of, transitive_reduction
+from ..registry import Registry
 
 
 @dataclasses.dataclass
@@ -290,6 +291,10 @@ def from_stages(name: str, graph: DAG, stages: list[list[list[int]]], meta: dict
     return sched
 
 
+#: the scheduling policies by name (registered by :mod:`opbench.schedule`)
+SCHEDULER_KINDS: Registry[Scheduler] = Registry("scheduler")
+
+
 class Scheduler:
     """Base class of a scheduling policy; subclasses set ``name`` and implement :meth:`schedule`.
 
@@ -297,6 +302,12 @@ class Scheduler:
     """
 
     name = ""
+
+    @staticmethod
+    def create(kind: str, **options: Any) -> Scheduler:
+        """A scheduler by name (``sequential``, ``greedy``, ``nimble``, ``opara``, ``ios``) with its
+        constructor's options."""
+        return SCHEDULER_KINDS.create(kind, **options)
 
     def schedule(self, graph: Any, cost: Any = None) -> Schedule:
         """A valid schedule of ``graph`` (operators in topological order).

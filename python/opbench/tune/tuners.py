@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import OpBenchError
+from ..registry import Registry, constant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Tuner:
     description: str
     strategy: Callable[[int], Any]  # trials per task -> a fresh search strategy
     cost_model: Callable[[], Any]
+
+    @staticmethod
+    def create(kind: str) -> Tuner:
+        """A tuner by name: ``xgb``, ``xgb-rank``, ... (:data:`TUNERS`)."""
+        return TUNER_KINDS.create(kind)
 
 
 def population_for(trials: int) -> int:
@@ -141,11 +147,14 @@ def pretrained_tuner(tuner: str | Tuner, cost_model: Callable[[], Any], source: 
                  cost_model)
 
 
+#: the tuners by name (:meth:`Tuner.create`)
+TUNER_KINDS: Registry[Tuner] = Registry("tuner")
+for _tuner in TUNERS.values():
+    TUNER_KINDS.register(_tuner.name, constant(_tuner))
+
+
 def get_tuner(tuner: str | Tuner) -> Tuner:
-    """A tuner by name (or a :class:`Tuner` passed through)."""
+    """A tuner by name (:meth:`Tuner.create`) or a :class:`Tuner` passed through."""
     if isinstance(tuner, Tuner):
         return tuner
-    name = str(tuner)
-    if name in TUNERS:
-        return TUNERS[name]
-    raise OpBenchError(f"unknown tuner '{name}' (accepted: {', '.join(TUNERS)})")
+    return Tuner.create(str(tuner))
