@@ -22,11 +22,11 @@ The packages follow the data flow of the tool (docs/architecture.md gives their 
 from ._version import __version__
 from .errors import OpBenchError
 
-__all__ = ["OpBenchError", "__version__", "capturer", "load", "optimize"]
+__all__ = ["CaptureOptions", "OpBenchError", "__version__", "capturer", "load", "optimize"]
 
 
 def __getattr__(name: str):  # lazy: importing opbench does not import TVM or torch
-    if name in ("capturer", "optimize"):
+    if name in ("CaptureOptions", "capturer", "optimize"):
         from . import parallel
 
         return getattr(parallel, name)

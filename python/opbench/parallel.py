@@ -12,6 +12,7 @@ merge; ``compare``: measuring schedules and keeping the fastest).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from .runtime.graphs import CapturedModel, compile_variants, compiled_baselines
 from .schedule import Schedule
 from .utils import check_output_path
 
-__all__ = ["CapturedSchedule", "capturer", "optimize"]
+__all__ = ["CaptureOptions", "CapturedSchedule", "capturer", "optimize"]
 log = logging.getLogger(__name__)
 
 
@@ -67,6 +68,40 @@ def default_rtol(inputs: Sequence[Any]) -> float:
     return RTOL["float32"]
 
 
+@dataclasses.dataclass(frozen=True)
+class CaptureOptions:
+    """How :func:`capturer` and :func:`optimize` search, as one object: each field is the keyword of the same
+    name (see :func:`capturer`). ``capturer(inputs, model, options, **overrides)``: keywords given beside
+    ``options`` replace its fields, so ``capturer(inputs, model, repeat=3)`` works as it always did."""
+
+    schedulers: Sequence[Any] | None = None
+    mode: str = "fast"
+    schedule: Schedule | str | Path | None = None
+    tolerance: float = 0.02
+    repeat: int = 7
+    number: int = 10
+    timer: Timer | None = None
+    merge: bool | str = False
+    kernels: str = "aten"
+    compiled: bool | Sequence[str] | None = None
+    cut: str = "auto"
+    sm_partition: str = "off"
+    dtype: str | None = None
+    trace: str | Path | None = None
+    rtol: float | None = None
+    cache: bool = False
+
+    def updated(self, caller: str, overrides: dict[str, Any]) -> CaptureOptions:
+        """These options with ``overrides`` (keywords of ``caller``); an unknown keyword is a ``TypeError``
+        naming it, as Python's own."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument '{unknown[0]}' (accepted: "
+                            f"{', '.join(fields)})")
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
     if callable(inputs) and not callable(model):
         raise OpBenchError(f"{caller} takes (inputs, model): the first argument is a {type(inputs).__name__}, "
@@ -76,27 +111,24 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
     return list(inputs)
 
 
-def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | None, mode: str,
-            schedule: Schedule | str | Path | None, tolerance: float, repeat: int, number: int,
-            timer: Timer | None, phases: dict[str, float], merge: bool | str = False, kernels: str = "aten",
-            compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-            dtype: str | None = None, rtol: float | None = None, cache: bool = False,
+def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions, phases: dict[str, float],
             ) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
+    o = options
     import torch
 
-    model, inputs = _in_dtype(model, _check_order(inputs, model, caller), dtype)
-    given = _load_schedule(schedule)
-    cached = _cache_path(model, inputs, {"kernels": kernels, "cut": cut, "merge": merge, "mode": mode,
-                                         "schedulers": [str(s) for s in schedulers or []], "sm": sm_partition,
-                                         "compiled": compiled}) if cache and given is None else None
+    model, inputs = _in_dtype(model, _check_order(inputs, model, caller), o.dtype)
+    given = _load_schedule(o.schedule)
+    cached = _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
+                                         "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
+                                         "compiled": o.compiled}) if o.cache and given is None else None
     if cached is not None and cached.is_file():
         try:
             given = Schedule.load(cached)
             phases["cache"] = 1.0  # the cut and the schedule of an earlier build: no search
         except (OpBenchError, OSError, ValueError) as err:
             log.info("capturer cache %s not used: %s", cached, first_line(err))
-    check_kernels(kernels)
-    check_sm_partition(sm_partition)
+    check_kernels(o.kernels)
+    check_sm_partition(o.sm_partition)
     clock = time.perf_counter()
     baselines: list[Any] = [CapturedModel(model, inputs)]
     with torch.no_grad():
@@ -106,20 +138,20 @@ def _select(inputs: Any, model: Any, caller: str, schedulers: Sequence[Any] | No
     if not any(isinstance(v, torch.Tensor) for v in leaves):
         raise OpBenchError(f"{type(model).__name__} returns no tensor ({type(reference).__name__}): nothing to "
                            "schedule")
-    baselines += compiled_baselines(model, inputs, compile_variants(compiled, kernels), phases)
+    baselines += compiled_baselines(model, inputs, compile_variants(o.compiled, o.kernels), phases)
     clock = time.perf_counter()
-    regions = given.meta.get("regions") if given is not None and kernels == "fused" else None
-    backend = torch_backend(model, inputs, merge, repeat=repeat, number=number, kernels=kernels, cut=cut,
+    regions = given.meta.get("regions") if given is not None and o.kernels == "fused" else None
+    backend = torch_backend(model, inputs, o.merge, repeat=o.repeat, number=o.number, kernels=o.kernels, cut=o.cut,
                             regions=regions)  # traced as compare --backend torch traces (TORCH_TRACE)
-    phases["trace_s" if kernels == "aten" else "build_s"] = time.perf_counter() - clock
-    if kernels == "fused":
+    phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
+    if o.kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
     if phases.get("cache") and given is not None and given.meta.get("graph") != backend.graph.fingerprint():
         log.info("capturer cache: the saved schedule is of another graph; searching again")
         given, phases["cache"] = None, 0.0
-    plan, rows = evaluate(backend, schedulers, None, host_arrays(leaves), repeat, number, tolerance,
-                          mode=mode, baseline=baselines, schedule=given, timer=timer, phases=phases,
-                          sm_partition=sm_partition, rtol=default_rtol(inputs) if rtol is None else rtol)
+    plan, rows = evaluate(backend, o.schedulers, None, host_arrays(leaves), o.repeat, o.number, o.tolerance,
+                          mode=o.mode, baseline=baselines, schedule=given, timer=o.timer, phases=phases,
+                          sm_partition=o.sm_partition, rtol=default_rtol(inputs) if o.rtol is None else o.rtol)
     if cached is not None and not phases.get("cache"):
         _cache_put(cached, plan)
     return backend, baselines, plan, rows, structure
@@ -154,12 +186,8 @@ def _cache_put(path: Path, plan: Schedule) -> None:
         log.info("capturer cache not written (%s)", err)
 
 
-def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
-             schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-             dtype: str | None = None, rtol: float | None = None, cache: bool = False) -> Schedule:
-    """The fastest measured schedule of a torch model (the same search as :func:`capturer`).
+def optimize(inputs: Any, model: Any, options: CaptureOptions | None = None, /, **overrides: Any) -> Schedule:
+    """The fastest measured schedule of a torch model (the same search, the same options as :func:`capturer`).
 
     ``schedule.meta["table"]`` has every row, the model's own CUDA Graph included;
     ``schedule.meta["beats_model"]`` says whether the schedule beat every baseline (else
@@ -167,8 +195,10 @@ def optimize(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     the region cut (``meta["regions"]``), so that passing it back skips the cut and the search; a
     partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
     """
-    _, _, plan, rows, _ = _select(inputs, model, "optimize", schedulers, mode, schedule, tolerance, repeat,
-                               number, timer, {}, merge, kernels, compiled, cut, sm_partition, dtype, rtol, cache)
+    options = (options or CaptureOptions()).updated("optimize", overrides)
+    if options.trace is not None:
+        raise TypeError("optimize() takes no trace (capturer(..., trace=PATH) writes one)")
+    _, _, plan, rows, _ = _select(inputs, model, "optimize", options, {})
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -209,13 +239,11 @@ class CapturedSchedule:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None, mode: str = "fast",
-             schedule: Schedule | str | Path | None = None, tolerance: float = 0.02, repeat: int = 7,
-             number: int = 10, timer: Timer | None = None, merge: bool | str = False, kernels: str = "aten",
-             compiled: bool | Sequence[str] | None = None, cut: str = "auto", sm_partition: str = "off",
-             dtype: str | None = None, trace: str | Path | None = None, rtol: float | None = None,
-             cache: bool = False) -> Any:
+def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, **overrides: Any) -> Any:
     """Opara-style one call: trace ``model``, pick the fastest variant by measurement, capture it.
+
+    Every keyword below is a field of :class:`CaptureOptions`; pass them one by one, or an ``options`` object
+    (positional, third) and override some of its fields with keywords.
 
     The variants are the baselines, the model itself captured as it is in one CUDA Graph and (with
     ``compiled``; by default with ``kernels="fused"``) ``torch.compile(model, mode="reduce-overhead")``
@@ -260,14 +288,14 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
     A model that cannot be traced, or that returns no tensor, is run unscheduled (``model`` itself)
     with a warning.
     """
+    options = (options or CaptureOptions()).updated("capturer", overrides)
+    trace = options.trace
     if trace is not None:
         check_output_path(trace, "trace")
     start = time.perf_counter()
     phases: dict[str, float] = {}
     try:
-        backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", schedulers, mode, schedule,
-                                                            tolerance, repeat, number, timer, phases, merge, kernels,
-                                                            compiled, cut, sm_partition, dtype, rtol, cache)
+        backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", options, phases)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
@@ -278,7 +306,7 @@ def capturer(inputs: Any, model: Any, *, schedulers: Sequence[Any] | None = None
         raise
     table = table_rows(rows)
     if trace is not None:
-        trace_rows(backend, rows, plan, trace, meta={"model": type(model).__name__, "kernels": kernels})
+        trace_rows(backend, rows, plan, trace, meta={"model": type(model).__name__, "kernels": options.kernels})
     result: Any
     kept = next(r for r in rows if r["kept"])
     if kept["plan"] is None:

@@ -404,3 +404,23 @@ def test_capturer_in_half_precision_equals_the_model_in_that_precision(model_and
     assert next(model.parameters()).dtype == torch.float32  # the caller's model is not changed
     with pytest.raises(OpBenchError, match="unknown dtype 'int8'"):
         capturer(x, model, dtype="int8")
+
+
+def test_options_as_one_object_and_keywords_beside_it(model_and_input):
+    """``capturer(inputs, model, CaptureOptions(...), **overrides)`` searches as the same keywords one by one;
+    an unknown keyword is a TypeError naming it; optimize takes no trace."""
+    from opbench.parallel import CaptureOptions
+
+    model, x = model_and_input
+    timer = fake_timer({"greedy": 0.5, "sequential": 2.0}, 5.0)
+    options = CaptureOptions(schedulers=["sequential", "greedy"], mode="exhaustive", repeat=2, number=1)
+    plan = optimize(x, model, options, timer=timer)
+    same = optimize(x, model, schedulers=["sequential", "greedy"], mode="exhaustive", repeat=2, number=1,
+                    timer=timer)
+    assert plan.name == same.name == "greedy" and plan.stream_of == same.stream_of
+    assert [r["schedule"] for r in plan.meta["table"]] == [r["schedule"] for r in same.meta["table"]]
+    assert options.updated("capturer", {"repeat": 3}).repeat == 3 and options.repeat == 2  # a copy
+    with pytest.raises(TypeError, match="unexpected keyword argument 'repeats'"):
+        capturer(x, model, repeats=3)
+    with pytest.raises(TypeError, match="optimize\\(\\) takes no trace"):
+        optimize(x, model, trace="t.json")
