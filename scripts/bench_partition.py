@@ -178,7 +178,7 @@ def main() -> None:
     import torch
 
     from opbench.models import load_workload
-    from opbench.pipeline.compare import model_backend
+    from opbench.pipeline.compile import model_backend
     from opbench.runtime import green, resolve_target
 
     out = Path(args.out)

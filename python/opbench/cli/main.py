@@ -535,8 +535,8 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..pipeline.compare import compare, model_backend
-    from ..pipeline.compile import merge_mode
+    from ..pipeline.compare import compare
+    from ..pipeline.compile import merge_mode, model_backend
     from ..runtime import is_gpu, resolve_target
 
     # --backend, --kernels and --cut are argparse choices: checked before this runs

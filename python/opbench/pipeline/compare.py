@@ -628,53 +628,7 @@ def compare(backend: KernelBackend, options: CompareOptions | None = None,
     return CompareResult(backend, kept, rows, bound, stages)
 
 
-def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any = None, merge: bool | str = "none",
-                  seed: int = 0, repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
-                  compiled: bool | None = None, regions: Sequence[Sequence[str]] | None = None,
-                  ) -> tuple[KernelBackend, list[Any] | None]:
-    """``workload``'s kernels as backend ``kind`` for the compare job, and the baselines where the
-    backend runs the model's PyTorch kernels: the model's own CUDA Graph and (``compiled``; by default
-    with fused kernels) ``torch.compile(model, mode="reduce-overhead")``.
-
-    ``tvm``: TVM's kernels (tuned ones from the tuning database folder ``database``); ``torch``: the
-    model's PyTorch kernels (sources with a PyTorch model: local, transformers), ATen's one per traced
-    call (``kernels="aten"``) or regions compiled by Inductor (``kernels="fused"``, cut as ``cut``
-    says or as a saved schedule's ``regions`` were; ``fused`` as ``kind`` is the same). ``merge`` applies IOS's merge
-    (:data:`opbench.pipeline.compile.MERGE_MODES`).
-    """
-    from ..runtime.device import gpu_index
-    from ..runtime.graphs import compile_variants, compiled_baselines
-    from ..runtime.target import is_gpu
-    from .compile import check_kernels, merge_mode, torch_backend, tvm_backend
-
-    KernelBackend.check_kind(kind)
-    merge = merge_mode(merge)
-    if kind == "fused":
-        kind, kernels = "torch", "fused"
-    if check_kernels(kernels) == "fused" and kind == "tvm":
-        raise OpBenchError("fused kernels are regions of a PyTorch model compiled by Inductor: use them with "
-                           "--backend torch (TVM's kernels are fused by TVM already)")
-    if kind == "tvm":
-        log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
-        return tvm_backend(workload, target, workload.example_inputs(seed), database=database, merge=merge,
-                           repeat=repeat, number=number), None
-    if workload.torch_module is None:
-        raise OpBenchError(f"--backend {kind} needs a torch model; source '{workload.source}' has none "
-                           "(accepted sources: local, transformers)")
-
-    device = f"cuda:{gpu_index()}" if is_gpu(target) else "cpu"
-    module = workload.torch_module.to(device).eval()
-    inputs = workload.torch_inputs(seed, device)
-    baselines: list[Any] = [CapturedModel(module, inputs)]
-    baselines += compiled_baselines(module, inputs, compile_variants(compiled, kernels))
-    if kernels == "fused":
-        log.info("cutting %s into regions and compiling each with Inductor", workload.name)
-    backend = torch_backend(module, inputs, merge, repeat=repeat, number=number, kernels=kernels, cut=cut,
-                            regions=regions if kernels == "fused" else None)  # traced as capturer traces (TORCH_TRACE)
-    return backend, baselines
-
-
 __all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "SM_PARTITIONS",
            "CompareOptions", "CompareResult", "check_schedule", "check_sm_partition", "choices", "compare",
-           "critical_path", "evaluate", "evaluate_with_bound", "host_arrays", "load_predictors", "model_backend",
+           "critical_path", "evaluate", "evaluate_with_bound", "host_arrays", "load_predictors",
            "operator_latencies", "scheduling_cost", "schedulers_for", "stage_tables", "table_rows"]
