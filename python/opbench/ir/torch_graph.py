@@ -84,6 +84,31 @@ def module_flops(module: Any, out_shape: Sequence[int]) -> float:
     return float(_numel(out_shape))
 
 
+def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[Any, str]:
+    """``model`` as a ``torch.fx.GraphModule`` and how it was traced (``fx`` or ``export``): the one place
+    that traces a model with ``torch.fx`` where it can, else ``torch.export`` (``trace="auto"``); the
+    compiler-fused regions are cut from it, and :class:`TorchGraph` traces with it too."""
+    import torch
+
+    if trace not in ("auto", "fx", "export"):
+        raise OpBenchError(f"unknown trace '{trace}' (accepted: auto, fx, export)")
+    if trace != "export":
+        try:
+            return torch.fx.symbolic_trace(model), "fx"
+        except Exception as err:
+            if trace == "fx":
+                first = first_line(err)
+                raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, tuple(inputs))
+        return program.module(), "export"
+    except Exception as err:
+        first = first_line(err)
+        raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
+
+
+
 class TorchGraph:
     """A torch model traced once: its launched calls (``ops``, fx nodes in launch order), the values
     they read (``env``), and the :class:`~opbench.ir.OpGraph` describing them (``graph``).
@@ -117,6 +142,8 @@ class TorchGraph:
                 graph = self._trace_fx(model, inputs, trace == "graph")
             except Exception as err:
                 if trace in ("fx", "graph"):
+                    if isinstance(err, OpBenchError):  # fx_module's own one line
+                        raise
                     first = first_line(err)
                     raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
                 self.env, self.placeholders, self.modules = {}, [], {}  # auto: start again with export
@@ -158,7 +185,7 @@ class TorchGraph:
         torch = self.torch
         from torch.fx.passes.shape_prop import ShapeProp
 
-        module = model if as_is else torch.fx.symbolic_trace(model)
+        module = model if as_is else fx_module(model, inputs, "fx")[0]
         with torch.no_grad():
             ShapeProp(module).propagate(*inputs)
         for node in module.graph.nodes:
@@ -352,4 +379,4 @@ class TorchGraph:
             self.aliases.add(bn)
 
 
-__all__ = ["TRACERS", "TorchGraph", "aten_flops", "meta_tensors", "module_flops"]
+__all__ = ["TRACERS", "TorchGraph", "aten_flops", "fx_module", "meta_tensors", "module_flops"]

@@ -172,8 +172,8 @@ def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = 
                                "what Inductor fuses")
         costs = None
         if cut == "blocks" and regions is None:  # each traced operator alone, PyTorch's kernel
+            from ..ir.torch_graph import fx_module
             from ..profile.schedule import alone_times
-            from ..runtime.fused import fx_module
 
             costs = alone_times(TorchBackend(fx_module(model, inputs, trace)[0], inputs, trace="graph"),
                                 repeat=min(repeat, 3), number=min(number, 5))

@@ -21,31 +21,10 @@ from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
+from ..ir.torch_graph import fx_module
 from .backend import TorchBackend
 
 log = logging.getLogger(__name__)
-
-
-def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[Any, str]:
-    """``model`` as a ``torch.fx.GraphModule`` and how it was traced (``fx`` or ``export``)."""
-    import torch
-
-    if trace not in ("auto", "fx", "export"):
-        raise OpBenchError(f"unknown trace '{trace}' (accepted: auto, fx, export)")
-    if trace != "export":
-        try:
-            return torch.fx.symbolic_trace(model), "fx"
-        except Exception as err:
-            if trace == "fx":
-                first = first_line(err)
-                raise OpBenchError(f"torch.fx could not trace {type(model).__name__}: {first}") from err
-    try:
-        with torch.no_grad():
-            program = torch.export.export(model, tuple(inputs))
-        return program.module(), "export"
-    except Exception as err:
-        first = first_line(err)
-        raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
 
 
 def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, str | None]:
@@ -156,4 +135,4 @@ class FusedBackend(TorchBackend):
         return {by_region[r]: sum(traced[i].flops for i in ops) for r, ops in enumerate(cut_ops) if r in by_region}
 
 
-__all__ = ["FusedBackend", "compile_region", "fx_module"]
+__all__ = ["FusedBackend", "compile_region", "fx_module"]  # fx_module: opbench.ir.torch_graph's
