@@ -16,13 +16,15 @@ The packages follow the data flow of the tool (docs/architecture.md gives their 
 * :mod:`opbench.report`   the HTML report and its figures
 * :mod:`opbench.pipeline` the jobs: compile, collect, compare, tune and measure, train
 * :mod:`opbench.parallel` the Opara-style facade: :func:`capturer`, :func:`optimize`
+* :func:`opbench.collect` runs a :class:`~opbench.pipeline.collect.CollectJob` (what ``opbench collect`` runs)
 * :mod:`opbench.cli`      the ``opbench`` command
 """
 
 from ._version import __version__
 from .errors import OpBenchError
 
-__all__ = ["CaptureOptions", "OpBenchError", "__version__", "capturer", "load", "optimize"]
+__all__ = ["CaptureOptions", "CollectJob", "OpBenchError", "__version__", "capturer", "collect", "load",
+           "optimize"]
 
 
 def __getattr__(name: str):  # lazy: importing opbench does not import TVM or torch
@@ -30,6 +32,14 @@ def __getattr__(name: str):  # lazy: importing opbench does not import TVM or to
         from . import parallel
 
         return getattr(parallel, name)
+    if name == "collect":
+        from .cli.collect_job import run_collect
+
+        return run_collect
+    if name == "CollectJob":
+        from .pipeline.collect import CollectJob
+
+        return CollectJob
     if name == "load":
         from .dataset import load
 

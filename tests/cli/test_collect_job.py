@@ -103,3 +103,19 @@ def test_collect_runs_the_job_of_a_config_file(tmp_path):
         rows = conn.execute("SELECT model, source, repeats FROM operators").fetchall()
     assert rows and all(r[:2] == ("matmul", "simple") for r in rows)
     assert all(r[2] == 3 for r in rows)  # the file's repeat, not the flag's default 10
+
+
+def test_opbench_collect_runs_a_job_in_this_process(tmp_path):
+    pytest.importorskip("tvm")
+    import opbench
+    from opbench.pipeline.spec import SpecError
+
+    dataset = tmp_path / "d.sqlite"
+    summary = opbench.collect(opbench.CollectJob(models=("matmul:n=32",), source="simple", repeat=2,
+                                                 dataset=str(dataset)))
+    assert summary["model"] == "matmul" and summary["source"] == "simple" and "exit" not in summary
+    with sqlite3.connect(dataset) as conn:
+        assert conn.execute("SELECT COUNT(*), MIN(repeats) FROM operators").fetchone() == (1, 2)
+    with pytest.raises(SpecError, match="repeat"):
+        opbench.collect(opbench.CollectJob(repeat=0, dataset=str(tmp_path / "other.sqlite")))
+    assert not (tmp_path / "other.sqlite").exists()

@@ -103,4 +103,37 @@ def apply_config(parser: argparse.ArgumentParser, path: str) -> Any:
     return job
 
 
-__all__ = ["COLLECT_FLAGS", "SWITCHES", "apply_config", "config_path", "flag_defaults", "job_flags", "job_from_args"]
+def run_collect(job: Any, quiet: bool = True) -> dict[str, Any]:
+    """Run ``job`` (a :class:`CollectJob`) in this process, through the very code ``opbench collect --config``
+    runs; returns the summary ``--json`` would write (a sweep's: its points). ``opbench.collect`` is this.
+
+    A bad field raises :class:`~opbench.pipeline.spec.SpecError` before any work; other problems raise
+    :class:`~opbench.errors.OpBenchError` (the command line prints the same as one line).
+    """
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from .main import EXIT_OK, _subcommands, build_parser, cmd_collect
+
+    job.validate()
+    parser = build_parser()
+    collect = _subcommands(parser)["collect"]
+    collect.set_defaults(**flag_defaults(job))
+    for action in collect._actions:
+        if action.dest == "modelname":
+            action.required = False
+    with tempfile.TemporaryDirectory(prefix="opbench-collect-") as tmp:
+        out = Path(tmp) / "summary.json"
+        argv = ["collect", "--json", str(out), *(["-q"] if quiet else [])]
+        args = parser.parse_args(argv)
+        args.prog_name, args.argv = "opbench", argv[1:]
+        code = cmd_collect(args)
+        summary = json.loads(out.read_text()) if out.is_file() else {}
+    if code != EXIT_OK:
+        summary["exit"] = code  # 1: a runtime failure (a sweep's failed points), 3: some operators failed
+    return summary
+
+
+__all__ = ["COLLECT_FLAGS", "SWITCHES", "apply_config", "config_path", "flag_defaults", "job_flags", "job_from_args",
+           "run_collect"]
