@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,9 +59,7 @@ def test_threads_take_turns_on_the_download_cache_index(tmp_path):
             time.sleep(0.05)
             inside.pop()
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:
+        for future in [pool.submit(work) for _ in range(4)]:
+            future.result()
     assert not overlaps
