@@ -108,7 +108,6 @@ def fx_module(model: Any, inputs: Sequence[Any], trace: str = "auto") -> tuple[A
         raise OpBenchError(f"torch.export failed for {type(model).__name__}: {first}") from err
 
 
-
 class TorchGraph:
     """A torch model traced once: its launched calls (``ops``, fx nodes in launch order), the values
     they read (``env``), and the :class:`~opbench.ir.OpGraph` describing them (``graph``).
