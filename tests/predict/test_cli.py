@@ -99,3 +99,16 @@ def test_a_prediction_outside_the_training_range_is_marked(synthetic, tmp_path):
     from opbench.cli.learn import _ms
 
     assert _ms(2.6e11) == "2.600e+11" and _ms(1.5) == "1.5000" and len(_ms(2.6e11)) <= 12
+
+
+def test_the_train_job_round_trips_and_names_its_fields(tmp_path):
+    from opbench.pipeline.spec import SpecError
+    from opbench.pipeline.train import TrainJob
+
+    job = TrainJob(dataset="d.sqlite", what="trials", split="by_task", out="t.opm", exclude=("resnet-50",))
+    job.validate()
+    assert TrainJob.from_json(job.to_json()) == job
+    for bad, field in [({"what": "energy"}, "what"), ({"split": "random"}, "split"), ({"folds": 1}, "folds")]:
+        with pytest.raises(SpecError) as err:
+            TrainJob.from_json({**job.to_json(), **bad}).validate()
+        assert err.value.field == field

@@ -110,12 +110,20 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..pipeline.train import train
+    from ..pipeline.spec import SpecError
+    from ..pipeline.train import TrainJob, train
 
     check_output_path(args.out, "--out")
     check_output_path(args.json, "--json")
-    result = train(dataset_path(args), args.what, args.split, args.out, args.folds, args.seed, args.device_name,
-                   args.features, args.config, [m.strip() for m in args.exclude.split(",") if m.strip()])
+    try:
+        job = TrainJob(dataset=dataset_path(args), what=args.what, split=args.split, out=args.out, folds=args.folds,
+                       seed=args.seed, device=args.device_name, features=args.features, config=args.config,
+                       exclude=tuple(m.strip() for m in args.exclude.split(",") if m.strip()))
+        job.validate()
+    except SpecError as err:  # the flag that sets the field
+        flag = {"device": "--device-name"}.get(err.field, "--" + err.field)
+        raise OpBenchError(f"{flag}: {err.message}") from None
+    result = train(job)
     out = human(args)
     m = result["metrics"]
     sampled = f" ({result['n_sampled']} of them sampled operators, never held out)" if result.get("n_sampled") else ""

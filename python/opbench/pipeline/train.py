@@ -5,27 +5,79 @@ here (the dataset keeps each trial's trace, not the task's module).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ..dataset import json_value
 from ..ir import extract_operators
 from ..models import load_workload
 from ..predict.trials import target_for
+from .spec import Spec, SpecError
 
 log = logging.getLogger(__name__)
 
 
-def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
-          seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
-          exclude: list[str] | None = None) -> dict[str, Any]:
-    """:func:`opbench.predict.train` with the trials predictor's tasks loaded by :func:`task_modules`."""
+@dataclasses.dataclass(frozen=True)
+class TrainJob(Spec):
+    """A predictor to train, as plain data (``opbench train``'s flags, one field each).
+
+    Attributes
+    ----------
+    dataset:
+        A dataset file (SQLite, or gzipped) or a records folder.
+    what:
+        ``latency``, ``corun`` or ``trials``.
+    split:
+        How rows are held out: ``by_model``, ``by_task``, ... (:data:`opbench.predict.SPLITS`).
+    out:
+        Where the trained predictor is saved (``None``: not saved).
+    folds, seed:
+        Cross-validation folds and the seed of their assignment.
+    device:
+        Train on the rows of this device only (``None``: the device most rows name).
+    features:
+        The latency predictor's feature set (``None``: the best the rows allow).
+    config:
+        Which kernels' rows: ``default``, or a tuning database's ``db:<digest>``.
+    exclude:
+        Models whose rows are left out entirely (to test on them later).
+    """
+
+    dataset: str = "data/opbench.sqlite"
+    what: str = "latency"
+    split: str = "by_model"
+    out: str | None = None
+    folds: int = 5
+    seed: int = 0
+    device: str | None = None
+    features: str | None = None
+    config: str = "default"
+    exclude: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..predict import SPLITS, WHATS
+
+        if self.what not in WHATS:
+            raise SpecError("what", f"unknown predictor {self.what!r} (accepted: {', '.join(WHATS)})")
+        if self.split not in SPLITS:
+            raise SpecError("split", f"unknown split {self.split!r} (accepted: {', '.join(SPLITS)})")
+        if self.folds < 2:
+            raise SpecError("folds", f"must be 2 or more, got {self.folds}")
+        if self.seed < 0:
+            raise SpecError("seed", f"must be 0 or more, got {self.seed}")
+
+
+def train(job: TrainJob) -> dict[str, Any]:
+    """:func:`opbench.predict.train` for ``job``, with the trials predictor's tasks loaded by :func:`task_modules`."""
     from ..predict import train as fit
 
-    return fit(dataset, what, split, out, folds, seed, device, features, config, exclude, task_modules=task_modules)
+    job.validate()
+    return fit(job.dataset, job.what, job.split, job.out, job.folds, job.seed, job.device, job.features, job.config,
+               list(job.exclude) or None, task_modules=task_modules)
 
 
 def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:
@@ -65,4 +117,4 @@ def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[
     return out
 
 
-__all__ = ["task_modules", "train"]
+__all__ = ["TrainJob", "task_modules", "train"]
