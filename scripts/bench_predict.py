@@ -54,7 +54,7 @@ def shown(path: str | Path) -> str:
 
 
 def metrics(args: argparse.Namespace) -> dict:
-    from opbench.pipeline.train import train
+    from opbench.pipeline.train import TrainJob, train
 
     # (what, split, features, folds, seed); 100 folds is one per model (leave one model out)
     runs = [("latency", "by_model", f, folds, 0) for f in ("graph", "graph+launch", "graph+kernel")
@@ -66,7 +66,7 @@ def metrics(args: argparse.Namespace) -> dict:
     out = {"dataset": shown(args.dataset), "results": []}
     for what, split, features, folds, seed in runs:
         start = time.perf_counter()
-        result = train(args.dataset, what, split, folds=folds, seed=seed, features=features)
+        result = train(TrainJob(str(args.dataset), what, split, folds=folds, seed=seed, features=features))
         result = {k: v for k, v in result.items() if k not in ("model_file",)}
         result["seed"] = seed
         out["results"].append(result)
@@ -80,7 +80,7 @@ def metrics(args: argparse.Namespace) -> dict:
     for what, features, name in [("latency", "graph+kernel", "latency_kernel"),
                                  ("latency", "graph+launch", "latency_launch"), ("corun", "graph", "corun")]:
         file = Path(args.predictors) / f"h100_{name}_without_{'_'.join(exclude)}.opm"
-        train(args.dataset, what, "by_model", file, features=features, exclude=exclude)
+        train(TrainJob(str(args.dataset), what, "by_model", str(file), features=features, exclude=tuple(exclude or ())))
         saved[name] = shown(file)
     out["predictors_without"] = {"models": exclude, "files": saved}
     return out
@@ -90,14 +90,14 @@ def precision(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from opbench.dataset import row_dtype
-    from opbench.pipeline.train import train
+    from opbench.pipeline.train import TrainJob, train
     from opbench.predict.latency import UNSTABLE_SPREAD, LatencyPredictor, latency_rows, sampled
     from opbench.predict.metrics import regression_metrics
 
     out: dict = {"dataset": shown(args.dataset), "half_dataset": shown(args.half_dataset), "results": []}
     for what, split, folds in [("latency", "by_model", 100), ("latency", "by_dtype", 2), ("corun", "by_model", 100)]:
-        result = train(args.half_dataset, what, split, folds=folds, features="graph+launch" if what == "latency"
-                       else "graph")
+        result = train(TrainJob(str(args.half_dataset), what, split, folds=folds,
+                                features="graph+launch" if what == "latency" else "graph"))
         result = {k: v for k, v in result.items() if k not in ("model_file",)}
         out["results"].append(result)
         print(f"{what:<8}{split:<10}{result['folds']:>3} folds  MAPE {result['metrics']['mape']:.3f}", flush=True)

@@ -22,12 +22,12 @@ FAST = TimingConfig(repeat=2, min_repeat_ms=1)
 def tuned_database(tmp_path_factory):
     """A tuning database (4 random trials) of matmul:n=32, and the workload."""
     pytest.importorskip("xgboost")
-    from opbench.pipeline.tune import tune_workload
+    from opbench.pipeline.tune import TuneSpec, tune_workload
 
     tmp = tmp_path_factory.mktemp("db")
     workload = load_workload("simple", "matmul:n=32", 1)
     with Dataset(tmp / "d.sqlite") as ds:
-        tune_workload(workload, resolve_target("llvm"), ds, tmp / "db", "random", 4)
+        tune_workload(workload, resolve_target("llvm"), ds, TuneSpec(tmp / "db", "random", 4))
     return workload, tmp / "db"
 
 
@@ -98,12 +98,12 @@ def test_compare_options_are_checked_before_any_work(options, message):
 
 def test_tune_and_measure(tmp_path, llvm_target):
     pytest.importorskip("xgboost")
-    from opbench.pipeline.tune import tune_and_measure
+    from opbench.pipeline.tune import TuneSpec, tune_and_measure
 
     workload = load_workload("simple", "matmul:n=32", 1)
     with Dataset(tmp_path / "d.sqlite") as ds:
-        result = tune_and_measure(workload, llvm_target, ds, tmp_path / "db", CollectOptions(timing=FAST,
-                                  progress=False), "random", 4)
+        result = tune_and_measure(workload, llvm_target, ds, CollectOptions(timing=FAST, progress=False),
+                                  TuneSpec(tmp_path / "db", "random", 4))
         configs = {r["config"] for r in ds.rows("operators")}
     assert result.default.key["config"] == "default" and result.run.measured == 4
     [task] = result.tasks

@@ -88,7 +88,7 @@ def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
     from opbench.dataset import Dataset
     from opbench.models import load_workload
     from opbench.pipeline import collect
-    from opbench.pipeline.tune import tune_workload
+    from opbench.pipeline.tune import TuneSpec, tune_workload
     from opbench.profile.rpc import RPCProfiler, RPCSpec
     from opbench.runtime import resolve_target
     from opbench.tune.database import applied_database
@@ -99,7 +99,7 @@ def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
     profiler = RPCProfiler(RPCSpec.parse(tracker, "loopback"), target)
     with Dataset(tmp_path / "d.sqlite") as ds:
         profiler.release()  # the one loopback device must be free for the runner
-        tuned = tune_workload(workload, target, ds, tmp_path / "db", "random", 2, profiler=profiler)
+        tuned = tune_workload(workload, target, ds, TuneSpec(tmp_path / "db", "random", 2), profiler=profiler)
         rows = ds.rows("trials")
         assert applied_database(tmp_path / "db", tuned.extracted, target) is not None
         from opbench.pipeline import CollectOptions

@@ -22,13 +22,14 @@ MODEL = "matmul:n=32"
 
 
 def _tune(tmp_path, tuner="xgb", trials=4, model=MODEL, **kwargs):
-    from opbench.pipeline.tune import tune_workload
+    from opbench.pipeline.tune import TuneSpec, tune_workload
     from opbench.runtime import resolve_target
 
     target = resolve_target("llvm")
     workload = load_workload("simple", model, 1)
+    limits = {k: kwargs.pop(k) for k in ("tasks_limit", "time_limit_s") if k in kwargs}
     with Dataset(tmp_path / "d.sqlite") as ds:
-        run = tune_workload(workload, target, ds, tmp_path / "db", tuner, trials, **kwargs)
+        run = tune_workload(workload, target, ds, TuneSpec(tmp_path / "db", tuner, trials, **limits), **kwargs)
         rows = ds.rows("trials")
     return workload, target, run, rows
 
@@ -107,7 +108,7 @@ def test_heaviest_tasks_first_and_limit(tmp_path):
 
 def test_time_limit_stops_starting_tasks(tmp_path):
     _, _, run, rows = _tune(tmp_path, "random", trials=2, model="branchy:branches=2,depth=1,channels=4,size=6",
-                            order={"conv2d2": 1.0, "fused_conv2d_relu": 0.5}, time_limit=0.001)
+                            order={"conv2d2": 1.0, "fused_conv2d_relu": 0.5}, time_limit_s=0.001)
     assert [t.task for t in run.tasks] == ["conv2d2"]  # the first task took longer than the limit
     assert {r["task"] for r in rows} == {"conv2d2"}
 

@@ -354,15 +354,13 @@ def _collect_point(args: argparse.Namespace, workload: Any, target: Any, profile
     compared with --ifcompare; its exit code and summary."""
     from ..dataset import Dataset
     from ..pipeline import collect
-    from ..pipeline.tune import tune_and_measure
+    from ..pipeline.tune import TuneSpec, tune_and_measure
 
-    database_dir = options.database
     tuned = None
     with Dataset(path) as dataset:
         if args.iftune:
-            tuned = tune_and_measure(workload, target, dataset, database_dir, options, tuner, args.trials,
-                                     tasks_limit=args.tune_tasks, time_limit=args.tune_time, command=command,
-                                     profiler=profiler)
+            tune = TuneSpec(options.database, tuner, args.trials, args.tune_tasks, args.tune_time)
+            tuned = tune_and_measure(workload, target, dataset, options, tune, command=command, profiler=profiler)
             result = tuned.tuned
         else:
             result = collect(workload, target, dataset, options, command=command, profiler=profiler)

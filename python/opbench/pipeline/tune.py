@@ -123,9 +123,33 @@ def _task_latency(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {r["func"]: r["latency_median_s"] for r in rows if r["latency_median_s"] is not None}
 
 
-def tune_and_measure(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path,
-                     options: Any, tuner: Any = "xgb", trials: int = 64, tasks_limit: int | None = None,
-                     time_limit: float | None = None, command: str = "", profiler: Any = None) -> TunedCollection:
+@dataclasses.dataclass(frozen=True)
+class TuneSpec:
+    """How a model is tuned (``collect --iftune``'s knobs, one object).
+
+    Attributes
+    ----------
+    database:
+        The tuning database folder (MetaSchedule's JSON files; one tuning run at a time).
+    tuner:
+        A tuner's name (:data:`opbench.tune.TUNERS`) or a :class:`~opbench.tune.tuners.Tuner` (a pretrained one).
+    trials:
+        Measured candidates per task.
+    tasks_limit:
+        Tune only the heaviest ``tasks_limit`` tasks (the others keep default kernels).
+    time_limit_s:
+        Seconds of tuning after which no new task starts (a re-run continues).
+    """
+
+    database: str | Path
+    tuner: Any = "xgb"
+    trials: int = 64
+    tasks_limit: int | None = None
+    time_limit_s: float | None = None
+
+
+def tune_and_measure(workload: Workload, target: Any, dataset: Dataset, options: Any, tune: TuneSpec,
+                     command: str = "", profiler: Any = None) -> TunedCollection:
     """Measure the default kernels, tune (:func:`tune_workload`, heaviest tasks first by the default
     latencies just measured), measure the tuned kernels; a tuned kernel measured no faster than its
     default one is dropped and the model measured again without it.
@@ -141,14 +165,13 @@ def tune_and_measure(workload: Workload, target: Any, dataset: Dataset, database
                                                                       exclude=exclude or set()),
                        command=command, profiler=profiler)
 
-    database_dir = Path(database_dir)
+    database_dir = Path(tune.database)
     log.info("1/3 measuring the default kernels")
     default = measure(None)
     before = _task_latency(default.rows)
-    tuner = get_tuner(tuner)
-    log.info("2/3 tuning with '%s', %d trials per task", tuner.name, trials)
-    run = tune_workload(workload, target, dataset, database_dir, tuner, trials, order=before, tasks_limit=tasks_limit,
-                        command=command, profiler=profiler, time_limit=time_limit)
+    tune = dataclasses.replace(tune, tuner=get_tuner(tune.tuner))
+    log.info("2/3 tuning with '%s', %d trials per task", tune.tuner.name, tune.trials)
+    run = tune_workload(workload, target, dataset, tune, order=before, command=command, profiler=profiler)
     log.info("3/3 measuring the tuned kernels")
     applied = applied_database(database_dir, run.extracted, target)
     tuned, dropped, rejected = default, set(), {}  # rejected: a dropped task's tuned time, as measured
@@ -219,37 +242,32 @@ def _builder(target: Any) -> Any:
     return InProcessBuilder()
 
 
-def tune_workload(workload: Workload, target: Any, dataset: Dataset, database_dir: str | Path, tuner: Any = "xgb",
-                  trials: int = 64, order: dict[str, float] | None = None, tasks_limit: int | None = None,
-                  command: str = "", profiler: Any = None, time_limit: float | None = None) -> TuningRun:
-    """Tune every unique task of ``workload`` for ``target`` (see the module docstring).
+def tune_workload(workload: Workload, target: Any, dataset: Dataset, tune: TuneSpec,
+                  order: dict[str, float] | None = None, command: str = "", profiler: Any = None) -> TuningRun:
+    """Tune every unique task of ``workload`` for ``target`` as ``tune`` says (see the module docstring).
 
     Parameters
     ----------
     order:
-        Optional default latency of each task (by fused function name): heavier tasks go first.
-    tasks_limit:
-        Tune only the first ``tasks_limit`` tasks in that order (the others keep default kernels).
+        Optional default latency of each task (by fused function name): heavier tasks go first (and
+        ``tune.tasks_limit`` keeps the heaviest).
     profiler:
         The collection's profiler; an RPC profiler sends the candidates to its remote devices.
-    time_limit:
-        Seconds of tuning after which no new task is started (a re-run continues).
     """
     from ..tune.database import database_lock
 
-    tuner = get_tuner(tuner)
-    if trials < 1:
-        raise OpBenchError(f"--trials must be a positive integer, got {trials}")
+    tune = dataclasses.replace(tune, tuner=get_tuner(tune.tuner), database=Path(tune.database))
+    if tune.trials < 1:
+        raise OpBenchError(f"--trials must be a positive integer, got {tune.trials}")
     _check_tuning_deps()
-    database_dir = Path(database_dir)
-    with database_lock(database_dir):  # one tuning run per database folder
-        return _tune(workload, target, dataset, database_dir, tuner, trials, order, tasks_limit, command, profiler,
-                     time_limit)
+    with database_lock(tune.database):  # one tuning run per database folder
+        return _tune(workload, target, dataset, tune, order, command, profiler)
 
 
-def _tune(workload: Workload, target: Any, dataset: Dataset, database_dir: Path, tuner: Any, trials: int,
-          order: dict[str, float] | None, tasks_limit: int | None, command: str, profiler: Any,
-          time_limit: float | None) -> TuningRun:
+def _tune(workload: Workload, target: Any, dataset: Dataset, tune: TuneSpec, order: dict[str, float] | None,
+          command: str, profiler: Any) -> TuningRun:
+    database_dir, tuner, trials = Path(tune.database), tune.tuner, tune.trials
+    tasks_limit, time_limit = tune.tasks_limit, tune.time_limit_s
     from tvm.s_tir import meta_schedule as ms
 
     from ..runtime.startup import import_tensor_intrinsics
