@@ -153,8 +153,8 @@ def study(name: str, backend: Any, baselines: list[Any] | None, args: argparse.N
         label = plans[k].partition_label() if k in plans else ""
         guess = predicted.get(k, predicted["unpartitioned"] if k == best else float("nan"))
         print(f"  {k:<28}{times[k]:9.4f} ms  {label:<24}pred {guess:.4f}", flush=True)
-    kept, rows = evaluate(backend, ["sequential", "greedy", "nimble", "opara"], cost, None, args.repeat,
-                          args.number, baseline=baselines, sm_partition="auto")
+    kept, rows = evaluate(backend, ["sequential", "greedy", "nimble", "opara"], cost, None, baseline=baselines,
+                          repeat=args.repeat, number=args.number, sm_partition="auto")
     result["auto"] = [{k: r.get(k) for k in ("schedule", "latency_ms", "sm", "sched_error", "kept")} for r in rows]
     result["auto_kept"] = next(r["schedule"] for r in rows if r["kept"])
     print(f"  evaluate(sm_partition='auto') keeps {result['auto_kept']}: " + ", ".join(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OpBenchError, first_line
-from .pipeline.compare import check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
+from .pipeline.compare import EvaluateOptions, check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
 from .pipeline.compile import check_kernels, torch_backend
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
@@ -149,9 +149,10 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions, phase
     if phases.get("cache") and given is not None and given.meta.get("graph") != backend.graph.fingerprint():
         log.info("capturer cache: the saved schedule is of another graph; searching again")
         given, phases["cache"] = None, 0.0
-    plan, rows = evaluate(backend, o.schedulers, None, host_arrays(leaves), o.repeat, o.number, o.tolerance,
-                          mode=o.mode, baseline=baselines, schedule=given, timer=o.timer, phases=phases,
-                          sm_partition=o.sm_partition, rtol=default_rtol(inputs) if o.rtol is None else o.rtol)
+    plan, rows = evaluate(backend, o.schedulers, None, host_arrays(leaves), baselines, o.timer, phases,
+                          EvaluateOptions(o.repeat, o.number, o.tolerance, o.mode, given,
+                                          sm_partition=o.sm_partition,
+                                          rtol=default_rtol(inputs) if o.rtol is None else o.rtol))
     if cached is not None and not phases.get("cache"):
         _cache_put(cached, plan)
     return backend, baselines, plan, rows, structure

@@ -132,11 +132,23 @@ def _plan_key(schedule: Schedule) -> tuple[Any, ...]:
             tuple(schedule.sm_groups or ()), tuple(schedule.sm_group_of or ()))
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluateOptions:
+    """How :func:`evaluate` measures and chooses (each field is described there)."""
+
+    repeat: int = 10
+    number: int = 20
+    tolerance: float = 0.02
+    mode: str = "exhaustive"
+    schedule: Schedule | None = None
+    measure_top: int = 2
+    sm_partition: str = "off"
+    rtol: float | None = None
+
+
 def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
-             reference: Sequence[np.ndarray] | None = None, repeat: int = 10, number: int = 20,
-             tolerance: float = 0.02, mode: str = "exhaustive", baseline: Any = None,
-             schedule: Schedule | None = None, timer: Timer | None = None, measure_top: int = 2,
-             phases: dict[str, float] | None = None, sm_partition: str = "off", rtol: float | None = None,
+             reference: Sequence[np.ndarray] | None = None, baseline: Any = None, timer: Timer | None = None,
+             phases: dict[str, float] | None = None, options: EvaluateOptions | None = None, **overrides: Any,
              ) -> tuple[Schedule, list[dict[str, Any]]]:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
 
@@ -178,11 +190,21 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         ``"auto"``: also measure the best parallel schedule with up to ``measure_top + 1`` SM
         partitions (the best predicted of each SM budget; see the module docstring); ``"off"``: none.
 
+    options, overrides:
+        ``repeat``, ``number``, ``tolerance``, ``mode``, ``schedule``, ``measure_top``, ``sm_partition`` and
+        ``rtol`` as one :class:`EvaluateOptions`; keywords of the same names override its fields.
+
     Returns
     -------
     The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
     variant; ``kept`` marks the overall winner, which is a baseline row when no schedule beats them.
     """
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(EvaluateOptions)})
+    if unknown:
+        raise TypeError(f"evaluate() got an unexpected keyword argument '{unknown[0]}'")
+    o = dataclasses.replace(options or EvaluateOptions(), **overrides)
+    repeat, number, tolerance, mode, schedule = o.repeat, o.number, o.tolerance, o.mode, o.schedule
+    measure_top, sm_partition, rtol = o.measure_top, o.sm_partition, o.rtol
     if mode not in MODES:
         raise OpBenchError(f"unknown mode '{mode}' (accepted: {', '.join(MODES)})")
     check_sm_partition(sm_partition)
@@ -442,7 +464,8 @@ def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] | None
     if latencies is None:
         latencies = operator_latencies(backend, repeat, number)
     cost = scheduling_cost(backend, latencies)
-    kept, rows = evaluate(backend, schedulers, cost, reference, repeat, number, tolerance, **options)
+    kept, rows = evaluate(backend, schedulers, cost, reference, repeat=repeat, number=number, tolerance=tolerance,
+                          **options)
     return kept, rows, critical_path(backend, repeat, number, latencies)
 
 
@@ -628,7 +651,8 @@ def compare(backend: KernelBackend, options: CompareOptions | None = None,
     return CompareResult(backend, kept, rows, bound, stages)
 
 
-__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "SM_PARTITIONS",
+__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "EvaluateOptions", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED",
+           "SM_PARTITIONS",
            "CompareOptions", "CompareResult", "check_schedule", "check_sm_partition", "choices", "compare",
            "critical_path", "evaluate", "evaluate_with_bound", "host_arrays", "load_predictors",
            "operator_latencies", "scheduling_cost", "schedulers_for", "stage_tables", "table_rows"]
