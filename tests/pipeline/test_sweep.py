@@ -216,9 +216,9 @@ def test_the_cli_refuses_a_users_json_as_sweep_state(tmp_path):
 
 
 SLEEPER = """import os, signal, sys, time
-open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
 signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
 time.sleep(120)
 """
 
@@ -237,9 +237,12 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_sweep_stops_its_points_and_says_so(tmp_path, signum):
-    (tmp_path / "sleeper.py").write_text(SLEEPER)
+@pytest.mark.parametrize("signum, sleeper", [(signal.SIGINT, SLEEPER), (signal.SIGTERM, SLEEPER),
+                                             (signal.SIGTERM, SLEEPER.replace("signal.signal(", "0 and ("))])
+def test_an_interrupted_sweep_stops_its_points_and_says_so(tmp_path, signum, sleeper):
+    """The sweep hands its signal to its points; a point that exits by it (handled, or its default action: a
+    point still starting) is ``interrupted``."""
+    (tmp_path / "sleeper.py").write_text(sleeper)
     (tmp_path / "parent.py").write_text(PARENT)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "CUDA_VISIBLE_DEVICES": "0,1"}
     parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path)], env=env)

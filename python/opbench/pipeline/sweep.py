@@ -320,8 +320,9 @@ class Sweep:
             finally:
                 with self._lock:
                     self._children.pop(point.key, None)
-        if self._stop.is_set() and code not in FINISHED:
-            code = 128 + (signals.received() or signal.SIGINT) if code >= 0 else code  # stopped by the sweep
+        if self._stop.is_set() and code not in FINISHED:  # stopped by the sweep: by its signal, handled or not
+            signum = signals.received() or signal.SIGINT
+            code = 128 + signum if code >= 0 or -code == signum else code
         seconds = time.monotonic() - start
         summary = None
         try:
