@@ -22,6 +22,7 @@ from typing import Any
 from .errors import OpBenchError, first_line
 from .pipeline.compare import EvaluateOptions, check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
 from .pipeline.compile import check_kernels, torch_backend
+from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
@@ -91,15 +92,6 @@ class CaptureOptions:
     rtol: float | None = None
     cache: bool = False
 
-    def updated(self, caller: str, overrides: dict[str, Any]) -> CaptureOptions:
-        """These options with ``overrides`` (keywords of ``caller``); an unknown keyword is a ``TypeError``
-        naming it, as Python's own."""
-        fields = [f.name for f in dataclasses.fields(self)]
-        unknown = sorted(set(overrides) - set(fields))
-        if unknown:
-            raise TypeError(f"{caller}() got an unexpected keyword argument '{unknown[0]}' (accepted: "
-                            f"{', '.join(fields)})")
-        return dataclasses.replace(self, **overrides) if overrides else self
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -196,7 +188,7 @@ def optimize(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     the region cut (``meta["regions"]``), so that passing it back skips the cut and the search; a
     partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
     """
-    options = (options or CaptureOptions()).updated("optimize", overrides)
+    options = overridden(options or CaptureOptions(), overrides, "optimize")
     if options.trace is not None:
         raise TypeError("optimize() takes no trace (capturer(..., trace=PATH) writes one)")
     _, _, plan, rows, _ = _select(inputs, model, "optimize", options, {})
@@ -289,7 +281,7 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     A model that cannot be traced, or that returns no tensor, is run unscheduled (``model`` itself)
     with a warning.
     """
-    options = (options or CaptureOptions()).updated("capturer", overrides)
+    options = overridden(options or CaptureOptions(), overrides, "capturer")
     trace = options.trace
     if trace is not None:
         check_output_path(trace, "trace")

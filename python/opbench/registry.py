@@ -44,10 +44,10 @@ class Registry(Generic[T]):
             load()
         return self._factories
 
-    def kinds(self) -> list[str]:
-        """The kinds there are."""
+    def kinds(self, registered: bool = False) -> list[str]:
+        """The kinds there are (``registered``: in the order they were registered, even for a sorted registry)."""
         kinds = list(self._loaded())
-        return sorted(kinds) if self._sort else kinds
+        return sorted(kinds) if self._sort and not registered else kinds
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._loaded() or kind in self._aliases

@@ -410,6 +410,7 @@ def test_options_as_one_object_and_keywords_beside_it(model_and_input):
     """``capturer(inputs, model, CaptureOptions(...), **overrides)`` searches as the same keywords one by one;
     an unknown keyword is a TypeError naming it; optimize takes no trace."""
     from opbench.parallel import CaptureOptions
+    from opbench.pipeline.spec import overridden
 
     model, x = model_and_input
     timer = fake_timer({"greedy": 0.5, "sequential": 2.0}, 5.0)
@@ -419,7 +420,7 @@ def test_options_as_one_object_and_keywords_beside_it(model_and_input):
                     timer=timer)
     assert plan.name == same.name == "greedy" and plan.stream_of == same.stream_of
     assert [r["schedule"] for r in plan.meta["table"]] == [r["schedule"] for r in same.meta["table"]]
-    assert options.updated("capturer", {"repeat": 3}).repeat == 3 and options.repeat == 2  # a copy
+    assert overridden(options, {"repeat": 3}, "capturer").repeat == 3 and options.repeat == 2  # a copy
     with pytest.raises(TypeError, match="unexpected keyword argument 'repeats'"):
         capturer(x, model, repeats=3)
     with pytest.raises(TypeError, match="optimize\\(\\) takes no trace"):

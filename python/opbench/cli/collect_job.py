@@ -96,11 +96,17 @@ def apply_config(parser: argparse.ArgumentParser, path: str) -> Any:
         job.validate()
     except SpecError as err:
         raise OpBenchError(f"--config {path}: {err.field}: {err.message}") from None
+    use_job(parser, job)
+    return job
+
+
+def use_job(parser: argparse.ArgumentParser, job: Any) -> None:
+    """Make ``job``'s fields the defaults of ``collect``'s flags in ``parser``; ``--modelname`` is then no
+    longer required."""
     parser.set_defaults(**flag_defaults(job))
     for action in parser._actions:
         if action.dest == "modelname":
             action.required = False
-    return job
 
 
 def run_collect(job: Any, quiet: bool = True) -> dict[str, Any]:
@@ -118,11 +124,7 @@ def run_collect(job: Any, quiet: bool = True) -> dict[str, Any]:
 
     job.validate()
     parser = build_parser()
-    collect = _subcommands(parser)["collect"]
-    collect.set_defaults(**flag_defaults(job))
-    for action in collect._actions:
-        if action.dest == "modelname":
-            action.required = False
+    use_job(_subcommands(parser)["collect"], job)
     with tempfile.TemporaryDirectory(prefix="opbench-collect-") as tmp:
         out = Path(tmp) / "summary.json"
         argv = ["collect", "--json", str(out), *(["-q"] if quiet else [])]
@@ -136,4 +138,4 @@ def run_collect(job: Any, quiet: bool = True) -> dict[str, Any]:
 
 
 __all__ = ["COLLECT_FLAGS", "SWITCHES", "apply_config", "config_path", "flag_defaults", "job_flags", "job_from_args",
-           "run_collect"]
+           "run_collect", "use_job"]

@@ -12,15 +12,12 @@ from ..errors import OpBenchError
 from ..registry import Registry, constant
 from .base import DTYPES, InputSpec, ModelSource, Workload, check_batch_size, check_dtype, numpy_dtype
 
-_SOURCES: dict[str, ModelSource] = {}
 #: the model sources by name (:meth:`ModelSource.create`); the built-in ones register on first use
 SOURCE_KINDS: Registry[ModelSource] = Registry("model source", load=lambda: _register_builtin(), sort=True)
 
 
 def register_source(source: ModelSource) -> ModelSource:
     """Register a model source under its name and aliases."""
-    for key in (source.name, *source.aliases):
-        _SOURCES[key] = source
     SOURCE_KINDS.register(source.name, constant(source), aliases=tuple(source.aliases))
     return source
 
@@ -33,9 +30,8 @@ def get_source(source: str | ModelSource) -> ModelSource:
 
 
 def list_sources() -> dict[str, list[str]]:
-    """Every source with its model names."""
-    _register_builtin()
-    return {s.name: s.models() for s in {id(s): s for s in _SOURCES.values()}.values()}
+    """Every source with its model names, in the order they were registered."""
+    return {kind: SOURCE_KINDS.create(kind).models() for kind in SOURCE_KINDS.kinds(registered=True)}
 
 
 def load_workload(
@@ -85,8 +81,7 @@ def check_fits(source: str | ModelSource, name: str, batch_size: int, **options:
 
 
 def _register_builtin() -> None:
-    if "local" in _SOURCES:  # the built-in sources are there (a user's own may have come first)
-        return
+    """The built-in sources (once, at the first look-up: :data:`SOURCE_KINDS`'s loader)."""
     from .hf import TransformersSource
     from .local import LocalSource
     from .remoteonnx import OnnxSource

@@ -30,7 +30,7 @@ from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relati
 from ..utils import device_lock
 from .compare import COSTS, DEFAULT_SCHEDULERS, IOS_COSTS, SM_PARTITIONS, choices
 from .runs import recorded_run
-from .spec import Spec, SpecError
+from .spec import Spec, SpecError, check_devices, check_points, check_rpc
 
 log = logging.getLogger(__name__)
 
@@ -127,28 +127,19 @@ class CollectJob(Spec):
 
     def validate(self) -> None:
         """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
-        from ..models import DTYPES, check_dtype, list_sources
+        from ..models import SOURCE_KINDS
         from ..schedule import SCHEDULERS
         from ..tune.tuners import TUNERS
 
-        sources = list(list_sources())
-        if self.source not in sources:
-            raise SpecError("source", f"unknown source {self.source!r} (accepted: {', '.join(sources)})")
+        if self.source not in SOURCE_KINDS:
+            raise SpecError("source", f"unknown source {self.source!r} (accepted: {', '.join(SOURCE_KINDS.kinds())})")
         if not self.models or any(not m.strip() for m in self.models):
             raise SpecError("models", "at least one model name is needed")
-        if not self.dtypes:
-            raise SpecError("dtypes", "at least one dtype is needed")
-        for dtype in self.dtypes:
-            try:
-                check_dtype(dtype)
-            except OpBenchError:
-                raise SpecError("dtypes", f"unknown dtype {dtype!r} (accepted: {', '.join(DTYPES)})") from None
-        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
-            raise SpecError("batch_sizes", f"positive sizes are needed, got {list(self.batch_sizes)}")
+        check_points(self.dtypes, self.batch_sizes)
         for name in ("seqlen", "repeat", "corun_k", "corun_limit", "trials", "compare_repeat", "compare_number"):
             if getattr(self, name) < 1:
                 raise SpecError(name, f"must be 1 or more, got {getattr(self, name)}")
-        for name in ("image_size", "tune_tasks", "rpc_workers"):
+        for name in ("image_size", "tune_tasks"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(name, f"must be 1 or more, got {getattr(self, name)}")
         for name in ("seed", "warmup"):
@@ -158,9 +149,7 @@ class CollectJob(Spec):
             value = getattr(self, name)
             if value is not None and not (0 <= value < float("inf") and (name == "min_repeat_ms" or value > 0)):
                 raise SpecError(name, f"must be a finite positive number, got {value}")
-        if self.devices is not None and (not self.devices or any(d < 0 for d in self.devices)
-                                         or len(set(self.devices)) != len(self.devices)):
-            raise SpecError("devices", f"distinct indices of 0 or more are needed, got {list(self.devices)}")
+        check_devices(self.devices)
         if self.tuner not in TUNERS:
             raise SpecError("tuner", f"unknown tuner {self.tuner!r} (accepted: {', '.join(TUNERS)})")
         unknown = [s for s in self.schedulers if s not in SCHEDULERS]
@@ -175,12 +164,7 @@ class CollectJob(Spec):
                                       "is accepted") from None
         if self.sm_partition not in SM_PARTITIONS:
             raise SpecError("sm_partition", f"{self.sm_partition!r} is not one of {', '.join(SM_PARTITIONS)}")
-        if self.rpc_tracker is None:
-            for name in ("rpc_key", "rpc_workers"):
-                if getattr(self, name) is not None:
-                    raise SpecError(name, "needs rpc_tracker (the TVM RPC tracker the devices registered with)")
-        elif not self.rpc_key:
-            raise SpecError("rpc_key", "the key the remote devices registered with is needed with rpc_tracker")
+        check_rpc(self.rpc_tracker, self.rpc_key, self.rpc_workers)
 
 
 #: how far the per-operator replay may differ from the Relax VM, by dtype (relative error)

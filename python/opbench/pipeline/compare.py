@@ -46,6 +46,7 @@ from ..runtime.kernels import relative_error
 from ..schedule import Schedule, SchedulingCost, get_scheduler
 from ..utils import PERCENTILES
 from .costs import operator_latencies, scheduling_cost
+from .spec import overridden
 
 log = logging.getLogger(__name__)
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -199,10 +200,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
     variant; ``kept`` marks the overall winner, which is a baseline row when no schedule beats them.
     """
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(EvaluateOptions)})
-    if unknown:
-        raise TypeError(f"evaluate() got an unexpected keyword argument '{unknown[0]}'")
-    o = dataclasses.replace(options or EvaluateOptions(), **overrides)
+    o = overridden(options or EvaluateOptions(), overrides, "evaluate")
     repeat, number, tolerance, mode, schedule = o.repeat, o.number, o.tolerance, o.mode, o.schedule
     measure_top, sm_partition, rtol = o.measure_top, o.sm_partition, o.rtol
     if mode not in MODES:

@@ -26,10 +26,10 @@ from typing import Any
 from ..dataset import Dataset, now
 from ..dataset.store import model_key
 from ..errors import OpBenchError
-from ..models import DTYPES, check_dtype
+from ..models import check_dtype
 from ..utils import digest
 from .runs import recorded_run
-from .spec import Spec, SpecError
+from .spec import Spec, SpecError, check_devices, check_points, check_rpc
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +122,10 @@ class SampleJob(Spec):
             raise SpecError("models", "at least one model name is needed (or 'all')")
         if not 1 <= self.per_task <= MAX_PER_TASK:
             raise SpecError("per_task", f"must be between 1 and {MAX_PER_TASK}, got {self.per_task}")
-        for dtype in self.dtypes:
-            try:
-                check_dtype(dtype)
-            except OpBenchError:
-                raise SpecError("dtypes", f"unknown dtype {dtype!r} (accepted: {', '.join(DTYPES)})") from None
-        if not self.dtypes:
-            raise SpecError("dtypes", "at least one dtype is needed")
-        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
-            raise SpecError("batch_sizes", f"positive sizes are needed, got {list(self.batch_sizes)}")
+        check_points(self.dtypes, self.batch_sizes)
         if self.seed < 0:
             raise SpecError("seed", f"must be 0 or more, got {self.seed}")
-        if self.devices is not None and (not self.devices or any(d < 0 for d in self.devices)
-                                         or len(set(self.devices)) != len(self.devices)):
-            raise SpecError("devices", f"distinct indices of 0 or more are needed, got {list(self.devices)}")
+        check_devices(self.devices)
         if self.builders < 0:
             raise SpecError("builders", f"must be 0 (every free core) or more, got {self.builders}")
         if self.repeat < 1:
@@ -156,25 +146,14 @@ class SampleJob(Spec):
             for name in ("rpc_tracker", "devices", "export_database"):
                 if getattr(self, name) is not None:
                     raise SpecError(name, "measures, and tasks_only samples nothing (accepted: one or the other)")
-        if self.rpc_tracker is None:
-            for name in ("rpc_key", "rpc_workers"):
-                if getattr(self, name) is not None:
-                    raise SpecError(name, "needs rpc_tracker (HOST:PORT of TVM's RPC tracker)")
-        else:
+        if self.rpc_tracker is not None:
             if self.devices is not None:
                 raise SpecError("devices", "measuring devices are the RPC tracker's with rpc_tracker "
                                            "(accepted: rpc_workers, or no rpc_tracker)")
             if self.flush_l2:
                 raise SpecError("flush_l2", "is not available on remote devices (accepted: no flush_l2 with "
                                             "rpc_tracker)")
-            from ..profile.rpc import tracker_address, valid_key
-
-            if tracker_address(self.rpc_tracker) is None:
-                raise SpecError("rpc_tracker", f"expected HOST:PORT, e.g. 127.0.0.1:9190, got {self.rpc_tracker!r}")
-            if not valid_key(self.rpc_key):
-                raise SpecError("rpc_key", "the key the remote devices registered with is needed (no spaces or ':')")
-            if self.rpc_workers is not None and self.rpc_workers < 1:
-                raise SpecError("rpc_workers", f"must be 1 or more, got {self.rpc_workers}")
+        check_rpc(self.rpc_tracker, self.rpc_key, self.rpc_workers)
 
     def rpc(self) -> Any:
         """The RPC devices (:class:`opbench.profile.rpc.RPCSpec`), or None without ``rpc_tracker``."""
@@ -518,18 +497,21 @@ def sampled_before(dataset: Dataset, key: str, job: SampleJob) -> int:
     ``kept`` candidates are all this seed gives: sampling the task again would spend its whole attempt budget
     on duplicates and rejections for nothing.
     """
-    (row,) = dataset.rows("tasks", {"workload_id": key}) or [None]
-    sampling = json.loads(row["sampling"]) if row and row["sampling"] else {}
-    spent = sampling.get(f"seed={job.seed}") or {}
+    spent = _sampling_notes(dataset, key).get(f"seed={job.seed}") or {}
     if spent.get("exhausted") and int(spent.get("per_task") or 0) >= job.per_task:
         return min(job.per_task, int(spent.get("kept") or 0))
     return job.per_task
 
 
+def _sampling_notes(dataset: Dataset, key: str) -> dict[str, Any]:
+    """The ``sampling`` entry of the task's ``tasks`` row (what each seed's sampling cost), empty when none."""
+    (row,) = dataset.rows("tasks", {"workload_id": key}) or [None]
+    return json.loads(row["sampling"]) if row and row["sampling"] else {}
+
+
 def _note_sampling(dataset: Dataset, key: str, job: SampleJob, stats: dict[str, Any]) -> None:
     """What sampling the task cost (attempts, rejections by reason), per seed, in its ``tasks`` row."""
-    (row,) = dataset.rows("tasks", {"workload_id": key})
-    sampling = json.loads(row["sampling"]) if row["sampling"] else {}
+    sampling = _sampling_notes(dataset, key)
     sampling[f"seed={job.seed}"] = {**stats, "per_task": job.per_task}
     dataset.update("tasks", {"sampling": sampling}, {"workload_id": key})
 

@@ -100,4 +100,56 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
-__all__ = ["Spec", "SpecError"]
+def check_points(dtypes: tuple[str, ...], batch_sizes: tuple[int, ...]) -> None:
+    """The ``dtypes`` and ``batch_sizes`` fields of a job that loads models: each dtype known, each size positive."""
+    from ..models import DTYPES, check_dtype
+
+    if not dtypes:
+        raise SpecError("dtypes", "at least one dtype is needed")
+    for dtype in dtypes:
+        try:
+            check_dtype(dtype)
+        except OpBenchError:
+            raise SpecError("dtypes", f"unknown dtype {dtype!r} (accepted: {', '.join(DTYPES)})") from None
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise SpecError("batch_sizes", f"positive sizes are needed, got {list(batch_sizes)}")
+
+
+def check_devices(devices: tuple[int, ...] | None) -> None:
+    """A job's ``devices`` field: ``None``, or distinct indices of 0 or more."""
+    if devices is not None and (not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices)):
+        raise SpecError("devices", f"distinct indices of 0 or more are needed, got {list(devices)}")
+
+
+def check_rpc(tracker: str | None, key: str | None, workers: int | None) -> None:
+    """A job's ``rpc_tracker``, ``rpc_key`` and ``rpc_workers`` fields: all unset, or a tracker's HOST:PORT with
+    the key its devices registered with."""
+    if tracker is None:
+        for name, value in (("rpc_key", key), ("rpc_workers", workers)):
+            if value is not None:
+                raise SpecError(name, "needs rpc_tracker (HOST:PORT of TVM's RPC tracker)")
+        return
+    from ..profile.rpc import tracker_address, valid_key
+
+    if tracker_address(tracker) is None:
+        raise SpecError("rpc_tracker", f"expected HOST:PORT, e.g. 127.0.0.1:9190, got {tracker!r}")
+    if not valid_key(key):
+        raise SpecError("rpc_key", "the key the remote devices registered with is needed (no spaces or ':')")
+    if workers is not None and workers < 1:
+        raise SpecError("rpc_workers", f"must be 1 or more, got {workers}")
+
+
+D = TypeVar("D")
+
+
+def overridden(options: D, overrides: dict[str, Any], caller: str) -> D:
+    """A frozen options dataclass with ``overrides`` (a function's keywords of the same names) replacing its fields;
+    an unknown keyword is a ``TypeError`` naming it, as Python's own."""
+    fields = [f.name for f in dataclasses.fields(options)]  # type: ignore[arg-type]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument '{unknown[0]}' (accepted: {', '.join(fields)})")
+    return dataclasses.replace(options, **overrides) if overrides else options  # type: ignore[type-var]
+
+
+__all__ = ["Spec", "SpecError", "check_devices", "check_points", "check_rpc", "overridden"]
