@@ -35,7 +35,6 @@ class Profiler:
     name = "local"
     corun_k = 0
     corun_limit = 0
-    KINDS = ("local", "cuda", "rpc")
 
     @staticmethod
     def create(kind: str, **options: Any) -> Profiler:
@@ -106,7 +105,7 @@ def _rpc(**options: Any) -> Profiler:
     return RPCProfiler(**options)
 
 
-#: the timing back ends by name (``Profiler.KINDS``, in this order)
+#: the timing back ends by name (:meth:`Profiler.create`)
 PROFILER_KINDS: Registry[Profiler] = Registry("profiler")
 for _kind, _factory in (("local", LocalProfiler), ("cuda", _cuda), ("rpc", _rpc)):
     PROFILER_KINDS.register(_kind, _factory)
