@@ -257,4 +257,4 @@ def test_an_interrupted_sweep_stops_its_points_and_says_so(tmp_path, signum, sle
             os.kill(pid, 0)  # no point outlives the sweep
     state = json.loads((tmp_path / "state.json").read_text())
     stopped = [r for r in state["points"].values() if r["status"] == "interrupted"]
-    assert len(stopped) == 2 and "c|1|float32" not in state["points"]  # the third point never started
+    assert len(stopped) == 2 and "c|1|float32" not in state["points"], state["points"]  # the third never started

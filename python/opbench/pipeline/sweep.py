@@ -246,19 +246,21 @@ class Sweep:
         for p in todo:
             work.put(p)
         self._total = len(todo)
-        workers = [threading.Thread(target=self._worker, args=(device, work), daemon=True)
-                   for device in self.devices[:max(1, len(todo))]]
-        for w in workers:
-            w.start()
+        # The main thread waits on events, not Thread.join: on Python 3.11 a KeyboardInterrupt that lands
+        # inside join() marks a running thread stopped, and a later join() would return before the worker
+        # recorded its point.
+        done = [threading.Event() for _ in self.devices[:max(1, len(todo))]]
+        for device, event in zip(self.devices, done, strict=False):  # a worker per device, at most a point each
+            threading.Thread(target=self._worker, args=(device, work, event), daemon=True).start()
         try:
-            for w in workers:
-                while w.is_alive():
-                    w.join(0.2)
+            for event in done:
+                while not event.wait(0.2):
+                    pass
         except KeyboardInterrupt:
             self._stop.set()
             self._stop_children(signals.received() or signal.SIGINT)
-            for w in workers:
-                w.join(STOP_GRACE_S + 5)
+            for event in done:
+                event.wait(STOP_GRACE_S + 5)
             raise
         return self.records()
 
@@ -278,7 +280,13 @@ class Sweep:
                 child.kill()
                 child.wait()
 
-    def _worker(self, device: int | None, work: queue.Queue[Point]) -> None:
+    def _worker(self, device: int | None, work: queue.Queue[Point], done: threading.Event) -> None:
+        try:
+            self._work(device, work)
+        finally:
+            done.set()
+
+    def _work(self, device: int | None, work: queue.Queue[Point]) -> None:
         from ..runtime.device import child_env, cpu_child_env
 
         cores = self.cores.get(device)
