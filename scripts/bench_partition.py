@@ -178,7 +178,7 @@ def main() -> None:
     import torch
 
     from opbench.models import load_workload
-    from opbench.pipeline.compile import model_backend
+    from opbench.pipeline.compile import BackendSpec, model_backend
     from opbench.runtime import green, resolve_target
 
     out = Path(args.out)
@@ -199,7 +199,8 @@ def main() -> None:
     jobs += [(m, "fused", None) for m in args.fused.split(",") if m]
     for name, kind, database in jobs:
         workload = load_workload("local", name, 1)
-        backend, baselines = model_backend(workload, target, kind, database, repeat=args.repeat, number=args.number)
+        spec = BackendSpec(kind, repeat=args.repeat, number=args.number)
+        backend, baselines = model_backend(workload, target, spec, database)
         with torch.no_grad():
             report["results"].append(study(name, backend, baselines, args))
         path.write_text(json.dumps(report, indent=1))

@@ -208,7 +208,8 @@ def main() -> None:
                 x = torch.from_numpy(w.example_inputs()[0]).cuda()
 
                 def build(merge: str, model: Any = model, x: Any = x) -> Any:
-                    return torch_backend(model, [x], merge, trace="export", repeat=args.repeat, number=args.number)
+                    return torch_backend(model, [x], merge=merge, trace="export", repeat=args.repeat,
+                                         number=args.number)
             with torch.no_grad():
                 results.append(analyse(name, build, precision, args.repeat, args.number))
             (out_dir / args.name).write_text(json.dumps({"device": torch.cuda.get_device_name(),

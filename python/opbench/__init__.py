@@ -16,32 +16,36 @@ The packages follow the data flow of the tool (docs/architecture.md gives their 
 * :mod:`opbench.report`   the HTML report and its figures
 * :mod:`opbench.pipeline` the jobs: compile, collect, compare, tune and measure, train
 * :mod:`opbench.parallel` the Opara-style facade: :func:`capturer`, :func:`optimize`
-* :func:`opbench.collect` runs a :class:`~opbench.pipeline.collect.CollectJob` (what ``opbench collect`` runs)
+* the jobs as plain data, each runnable from Python: :func:`opbench.collect` runs a
+  :class:`~opbench.pipeline.collect.CollectJob` (what ``opbench collect`` runs), :func:`opbench.sweep` a
+  :class:`~opbench.pipeline.sweep.SweepJob`, :func:`opbench.compare` a
+  :class:`~opbench.pipeline.compare_job.CompareJob` (of a :class:`~opbench.pipeline.spec.ModelSpec` and a
+  :class:`~opbench.pipeline.compile.BackendSpec`)
 * :mod:`opbench.cli`      the ``opbench`` command
 """
 
 from ._version import __version__
 from .errors import OpBenchError
 
-__all__ = ["CaptureOptions", "CollectJob", "OpBenchError", "__version__", "capturer", "collect", "load",
-           "optimize"]
+__all__ = ["BackendSpec", "CaptureOptions", "CollectJob", "CompareJob", "CompareOptions", "MeasureSpec", "ModelSpec",
+           "OpBenchError", "SweepJob", "__version__", "capturer", "collect", "compare", "load", "optimize", "sweep"]
+
+#: public name -> (module, attribute), imported on first use
+_LAZY = {
+    "CaptureOptions": ("parallel", "CaptureOptions"), "capturer": ("parallel", "capturer"),
+    "optimize": ("parallel", "optimize"), "collect": ("cli.collect_job", "run_collect"),
+    "CollectJob": ("pipeline.collect", "CollectJob"), "compare": ("pipeline.compare_job", "run_compare"),
+    "CompareJob": ("pipeline.compare_job", "CompareJob"), "CompareOptions": ("pipeline.compare", "CompareOptions"),
+    "sweep": ("pipeline.sweep", "sweep"), "SweepJob": ("pipeline.sweep", "SweepJob"),
+    "ModelSpec": ("pipeline.spec", "ModelSpec"), "MeasureSpec": ("pipeline.spec", "MeasureSpec"),
+    "BackendSpec": ("pipeline.compile", "BackendSpec"), "load": ("dataset", "load"),
+}
 
 
 def __getattr__(name: str):  # lazy: importing opbench does not import TVM or torch
-    if name in ("CaptureOptions", "capturer", "optimize"):
-        from . import parallel
+    if name in _LAZY:
+        import importlib
 
-        return getattr(parallel, name)
-    if name == "collect":
-        from .cli.collect_job import run_collect
-
-        return run_collect
-    if name == "CollectJob":
-        from .pipeline.collect import CollectJob
-
-        return CollectJob
-    if name == "load":
-        from .dataset import load
-
-        return load
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attribute)
     raise AttributeError(f"module 'opbench' has no attribute '{name}'")

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import OpBenchError, first_line
 from .pipeline.compare import EvaluateOptions, check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
-from .pipeline.compile import check_kernels, torch_backend
+from .pipeline.compile import check_kernels, merge_mode, torch_backend
 from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
@@ -103,10 +103,23 @@ def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
     return list(inputs)
 
 
-def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions, phases: dict[str, float],
-            ) -> tuple[KernelBackend, list[Any], Schedule, list[dict[str, Any]], Any]:
+@dataclasses.dataclass
+class _Selected:
+    """What :func:`_select` built and measured, and the seconds each phase took."""
+
+    backend: KernelBackend
+    baselines: list[Any]
+    plan: Schedule
+    rows: list[dict[str, Any]]
+    structure: Any  # the outputs' pytree structure
+    phases: dict[str, float]
+
+
+def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _Selected:
     o = options
     import torch
+
+    phases: dict[str, float] = {}
 
     model, inputs = _in_dtype(model, _check_order(inputs, model, caller), o.dtype)
     given = _load_schedule(o.schedule)
@@ -130,24 +143,28 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions, phase
     if not any(isinstance(v, torch.Tensor) for v in leaves):
         raise OpBenchError(f"{type(model).__name__} returns no tensor ({type(reference).__name__}): nothing to "
                            "schedule")
-    baselines += compiled_baselines(model, inputs, compile_variants(o.compiled, o.kernels), phases)
+    variants = compile_variants(o.compiled, o.kernels)
+    compiled = compiled_baselines(model, inputs, variants)
+    phases.update({"torch_compile_s" if v == "default" else f"torch_compile_{v}_s": c.compile_s
+                   for v, c in zip(variants, compiled, strict=True)})
+    baselines += compiled
     clock = time.perf_counter()
     regions = given.meta.get("regions") if given is not None and o.kernels == "fused" else None
-    backend = torch_backend(model, inputs, o.merge, repeat=o.repeat, number=o.number, kernels=o.kernels, cut=o.cut,
-                            regions=regions)  # traced as compare --backend torch traces (TORCH_TRACE)
+    backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
+                            kernels=o.kernels, cut=o.cut, regions=regions)  # traced as compare --backend torch traces
     phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if o.kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
     if phases.get("cache") and given is not None and given.meta.get("graph") != backend.graph.fingerprint():
         log.info("capturer cache: the saved schedule is of another graph; searching again")
         given, phases["cache"] = None, 0.0
-    plan, rows = evaluate(backend, o.schedulers, None, host_arrays(leaves), baselines, o.timer, phases,
-                          EvaluateOptions(o.repeat, o.number, o.tolerance, o.mode, given,
-                                          sm_partition=o.sm_partition,
-                                          rtol=default_rtol(inputs) if o.rtol is None else o.rtol))
+    found = evaluate(backend, o.schedulers, None, host_arrays(leaves), baselines, o.timer,
+                     EvaluateOptions(o.repeat, o.number, o.tolerance, o.mode, given, sm_partition=o.sm_partition,
+                                     rtol=default_rtol(inputs) if o.rtol is None else o.rtol))
+    phases.update(found.phases)
     if cached is not None and not phases.get("cache"):
-        _cache_put(cached, plan)
-    return backend, baselines, plan, rows, structure
+        _cache_put(cached, found.plan)
+    return _Selected(backend, baselines, found.plan, found.rows, structure, phases)
 
 
 def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
@@ -191,7 +208,8 @@ def optimize(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     options = overridden(options or CaptureOptions(), overrides, "optimize")
     if options.trace is not None:
         raise TypeError("optimize() takes no trace (capturer(..., trace=PATH) writes one)")
-    _, _, plan, rows, _ = _select(inputs, model, "optimize", options, {})
+    selected = _select(inputs, model, "optimize", options)
+    plan, rows = selected.plan, selected.rows
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
     return plan
@@ -222,6 +240,20 @@ class CapturedSchedule:
             text += (f"; {kept['latency_ms']:.4f} ms against {model['latency_ms']:.4f} ms for {model['schedule']} "
                      f"({model['latency_ms'] / kept['latency_ms']:.2f}x)")
         return text
+
+    def dump(self, path: str | Path) -> Path:
+        """Write the schedule's CUDA Graph to ``path`` in Graphviz DOT (``torch.cuda.CUDAGraph.debug_dump``: every
+        kernel node, the edges between them, and which stream's work each came from): the schedule's operators
+        are captured once more with the graph's template kept (replays still use the first capture). ``dot
+        -Tsvg`` draws it. Returns ``path``."""
+        from .runtime.graphs import capture_graph
+
+        if not self.backend.is_cuda:
+            raise OpBenchError("dump writes the schedule's CUDA Graph: a schedule on the CPU runs its streams as "
+                               "threads and has none")
+        check_output_path(path, "path")
+        capture_graph(self.executor.launch_all, keep=True).dump(path)
+        return Path(path)
 
     def __call__(self, *inputs: Any) -> Any:
         import torch
@@ -286,9 +318,8 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     if trace is not None:
         check_output_path(trace, "trace")
     start = time.perf_counter()
-    phases: dict[str, float] = {}
     try:
-        backend, baselines, plan, rows, structure = _select(inputs, model, "capturer", options, phases)
+        selected = _select(inputs, model, "capturer", options)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
@@ -297,6 +328,8 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
             log.warning("%s; running the model unscheduled", err)
             return model
         raise
+    backend, baselines, plan, rows, phases = (selected.backend, selected.baselines, selected.plan, selected.rows,
+                                              selected.phases)
     table = table_rows(rows)
     if trace is not None:
         trace_rows(backend, rows, plan, trace, meta={"model": type(model).__name__, "kernels": options.kernels})
@@ -306,7 +339,7 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
         result = kept["baseline"]
         result.schedule = None
     else:
-        result = CapturedSchedule(backend, plan, table, structure)
+        result = CapturedSchedule(backend, plan, table, selected.structure)
     result.table = table
     result.backend, result.baselines = backend, baselines
     result.trace = backend.trace

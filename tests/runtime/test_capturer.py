@@ -87,6 +87,8 @@ def test_schedule_that_wins_is_captured(model_and_input):
     streams = len(set(run.schedule.stream_of))
     assert text.startswith(f"CapturedSchedule 'nimble': {len(run.schedule.stream_of)} operators on {streams} streams")
     assert text.endswith("0.5000 ms against 1.0000 ms for model, eager (2.00x)")
+    with pytest.raises(OpBenchError, match="has none"):  # on the CPU there is no CUDA Graph to dump
+        run.dump("graph.dot")
 
 
 def test_capturer_writes_a_trace_of_sequential_and_the_kept_schedule(model_and_input, tmp_path):
@@ -382,11 +384,11 @@ def test_merge_chosen_groups_and_ios_choice():
     assert cost((0, 1)) > 0 and cost((0, 3)) is None and cost((0,)) is None
     assert ios_merges(plain, latencies=[1.0] * len(plain.graph)) == [convs[:3]]
     assert ios_merges(plain, latencies=[1e-9] * len(plain.graph)) == []
-    chosen = torch_backend(model, [x], "ios", trace="export", repeat=3, number=10)
+    chosen = torch_backend(model, [x], merge="ios", trace="export", repeat=3, number=10)
     out = ParallelExecutor(chosen, get_scheduler("ios").schedule(chosen.graph)).run([x])[0]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(OpBenchError, match="unknown merge 'some'"):
-        torch_backend(model, [x], "some")
+        torch_backend(model, [x], merge="some")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -133,3 +133,22 @@ def _googlenet():
 
     model, x = get_source("local").torch_model("googlenet", 1)
     return model.cuda().eval(), x.cuda()
+
+
+def test_a_captured_schedule_dumps_its_cuda_graph(tmp_path):
+    """``CapturedSchedule.dump`` writes the schedule's CUDA Graph as Graphviz DOT: one kernel node per launched
+    kernel at least, and the outputs stay what they were."""
+    from opbench.models import load_workload
+    from opbench.parallel import CapturedSchedule
+
+    w = load_workload("local", "googlenet", 1, image_size=64)
+    model = w.torch_module.cuda().eval()
+    x = torch.from_numpy(w.example_inputs()[0]).cuda()
+    run = capturer([x], model, repeat=3, number=5, schedulers=["sequential", "opara"], tolerance=-10.0)
+    assert isinstance(run, CapturedSchedule)  # a negative tolerance keeps the schedule
+    with torch.no_grad():
+        expected = model(x).clone()
+    path = run.dump(tmp_path / "graph.dot")
+    text = path.read_text()
+    assert text.lstrip().startswith("digraph") and text.count("KERNEL") >= len(run.schedule.stream_of)
+    torch.testing.assert_close(run(x), expected, rtol=1e-4, atol=1e-4)

@@ -10,11 +10,12 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from ..dataset import DEFAULT_PATH, default_path
 from ..errors import OpBenchError
 from ..utils import announced, parse_bool
 from .format import one_line
 
-DEFAULT_DATASET = os.path.join("data", "opbench.sqlite")
+DEFAULT_DATASET = DEFAULT_PATH
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FAILED_OPS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -215,7 +216,7 @@ def add_schedule_flags(p: Any, predictor: bool = True) -> Any:
 
 def dataset_path(args: argparse.Namespace) -> str:
     """``--dataset``, else ``$OPBENCH_DATASET``, else ``data/opbench.sqlite``."""
-    return args.dataset or os.environ.get("OPBENCH_DATASET") or DEFAULT_DATASET
+    return args.dataset or default_path()
 
 
 def _source_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -283,10 +284,11 @@ def sweep_points(args: argparse.Namespace) -> list[Any]:
     return cross(models, sizes, kinds)
 
 
-def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
-    """The workload the model flags name (:func:`add_model_flags`), at ``batch`` (default: ``--batchsize``,
-    which must then be one size)."""
-    from ..models import load_workload
+def model_spec(args: argparse.Namespace, batch: int | None = None) -> Any:
+    """The :class:`~opbench.pipeline.spec.ModelSpec` the model flags name (:func:`add_model_flags`), at ``batch``
+    (default: ``--batchsize``, which must then be one size)."""
+    from ..models import check_batch_size, check_dtype
+    from ..pipeline.spec import ModelSpec
 
     if batch is None:
         if "," in str(args.batchsize):
@@ -297,23 +299,31 @@ def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
         if len(value) > 1:
             raise OpBenchError(f"{flag} takes one value here, got '{','.join(value)}' (a list is for collect's "
                                "sweeps)")
-    dtype = "" if str(args.dtype) in ("float32", "fp32") else f", {args.dtype}"
-    with announced(f"loading {args.modelsource} model {one_line(args.modelname)} (batch {batch}{dtype})"):
-        return load_workload(args.modelsource, args.modelname, batch, dtype=args.dtype, **_source_options(args))
+    return ModelSpec(args.modelname, args.modelsource, check_batch_size(batch), check_dtype(args.dtype),
+                     **_source_options(args))
+
+
+def load_model(args: argparse.Namespace, batch: int | None = None) -> Any:
+    """The workload the model flags name (:func:`model_spec`)."""
+    from ..models import load_workload
+
+    spec = model_spec(args, batch)
+    dtype = "" if str(spec.dtype) in ("float32", "fp32") else f", {spec.dtype}"
+    with announced(f"loading {spec.source} model {one_line(spec.name)} (batch {spec.batch_size}{dtype})"):
+        return load_workload(spec.source, spec.name, spec.batch_size, dtype=spec.dtype, **spec.options())
 
 
 def compare_options(args: argparse.Namespace) -> Any:
     """The compare job's options from the schedule flags (:func:`add_schedule_flags`), checked before any
     work (unknown schedulers or costs, a schedule file that does not read)."""
     from ..pipeline.compare import CompareOptions, check_sm_partition
-    from ..schedule import Schedule
 
     options = CompareOptions(schedulers=args.schedulers, ios_cost=args.ios_cost, cost=args.cost,
-                             predictor=args.predictor, ios_time_limit=args.ios_time_limit,
-                             repeat=args.compare_repeat, number=args.compare_number,
-                             schedule=Schedule.load(args.schedule) if args.schedule else None, stages=args.stages,
-                             sm_partition=check_sm_partition(args.sm_partition))
+                             predictor=args.predictor, ios_time_limit_s=args.ios_time_limit,
+                             repeat=args.compare_repeat, number=args.compare_number, schedule=args.schedule,
+                             stages=args.stages, sm_partition=check_sm_partition(args.sm_partition))
     options.scheduler_names()
+    options.load_schedule()
     return options
 
 
@@ -321,4 +331,4 @@ __all__ = ["DEFAULT_DATASET", "Deprecated", "EXIT_FAILED_OPS", "EXIT_FAILURE", "
            "EXIT_USAGE", "Formatter", "Parser", "add_common", "add_database_flag", "add_dataset_flag",
            "add_device_flags", "add_json_flag", "add_model_flags", "add_predictor_flag", "add_schedule_flags",
            "batch_sizes", "boolean", "compare_options", "dataset_path", "dtypes", "load_model", "model_names",
-           "nonneg_float", "nonneg_int", "positive_float", "positive_int", "sweep_points"]
+           "model_spec", "nonneg_float", "nonneg_int", "positive_float", "positive_int", "sweep_points"]

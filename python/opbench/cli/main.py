@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -48,6 +49,7 @@ from .args import (
     compare_options,
     dataset_path,
     load_model,
+    model_spec,
     nonneg_float,
     nonneg_int,
     positive_float,
@@ -252,9 +254,9 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     from ..dataset import inspect_file
     from ..pipeline import CollectOptions
     from ..pipeline.tune import load_pretrained
-    from ..profile import TimingConfig
-    from ..runtime import is_gpu, resolve_target
+    from ..runtime import is_gpu
     from ..tune import get_tuner
+    from .collect_job import job_from_args
 
     tuner = get_tuner(args.tuner)
     pretrained, args.predictor = _split_predictors(args)
@@ -275,22 +277,22 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     inspect_file(Path(path))  # a file that is not a dataset is refused before the model is loaded
     database_dir = _database_dir(args, path)
     if len(points) > 1 or args.devices is not None:
-        return _sweep(args, points, path)
+        return _sweep(args, path)
     if rpc is not None:
         rpc.check()  # an unreachable tracker or an unknown key fails before any work
-    target = resolve_target(args.target, local_device=rpc is None)
+    measure = job_from_args(args).measure_spec()
+    target = measure.resolve_target()
     if args.corun and not is_gpu(target):
         raise OpBenchError("--corun needs --target cuda (co-runs are measured on CUDA streams)")
-    _check_applies(args, is_gpu(target), compare.schedule if compare else None)
+    _check_applies(args, is_gpu(target), compare.load_schedule() if compare else None)
     if pretrained:
         tuner = load_pretrained(tuner, pretrained, target.kind.name)
     if args.iftune:  # a second tuning run on this database is refused now, not after measuring
         from ..tune.database import database_lock
 
         held.enter_context(database_lock(database_dir))
-    profiler = _profiler(args, target, rpc)
-    timing = TimingConfig(warmup=args.warmup, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
-                          flush_l2=args.flush_l2)
+    profiler = measure.profiler(target)
+    timing = measure.timing()
     command = public_command([args.prog_name, *args.argv])
     options = CollectOptions(timing=timing, force=args.force, check=not args.no_check, progress=not args.quiet,
                              seed=args.seed, database=database_dir)
@@ -303,49 +305,37 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     return code
 
 
-def _sweep(args: argparse.Namespace, points: list[Any], path: str) -> int:
-    """Run ``points`` as a sweep (:mod:`opbench.pipeline.sweep`): each in its own process, one worker per
-    ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
-    from ..pipeline.sweep import POINT_FLAGS, Sweep, check_state, format_sweep, spec_command, state_path, strip_flags
-    from ..runtime.device import check_index, parse_devices
-    from ..runtime.target import target_config
-    from .collect_job import job_flags, job_from_args
+def _sweep(args: argparse.Namespace, path: str) -> int:
+    """Run the collection as a sweep (:func:`opbench.pipeline.sweep.sweep`): each point in its own process, one
+    worker per ``--devices`` GPU; print the summary table; exit 0 when every point finished, 1 otherwise."""
+    from ..pipeline.spec import SpecError
+    from ..pipeline.sweep import POINT_FLAGS, SweepJob, strip_flags, sweep
+    from .collect_job import COLLECT_FLAGS, job_flags, job_from_args
 
-    devices: list[int | None] = [None]
-    cpu = target_config(args.target).get("kind") != "cuda"  # read without the GPU: the points' processes use it
-    if args.devices is not None:
-        if args.gpu is not None:
-            raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")
-        devices = list(parse_devices(args.devices))
-        if not cpu:  # GPU indices; on a CPU they number workers, and cpu_groups checks how many
-            for index in devices:
-                check_index(index, "--devices")
-        if args.iftune and len(devices) > 1:
-            raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
-                               "tune on one GPU first, then sweep the tuned kernels with --database")
-    # with --device N this process already sees only that GPU (main), and the points inherit it
-    base = strip_flags(args.argv)
-    state = Path(args.sweep_state) if args.sweep_state else state_path(path, base)
-    check_state(state, base)  # a file that is not this sweep's state is refused before any work, untouched
-    where = "" if devices == [None] else (f" on {len(devices)} CPU workers" if cpu else
-                                          f" on GPUs {','.join(map(str, devices))}")
-    log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",
-             len(points), len({p.model for p in points}), len({p.batch for p in points}),
-             len({p.dtype for p in points}), where, state)
+    if args.devices is not None and args.gpu is not None:
+        raise OpBenchError("--device and --devices name the GPUs twice: use --devices N,N for a sweep")
+    job = dataclasses.replace(job_from_args(args), dataset=path)
+    if args.iftune and len(job.devices or ()) > 1:
+        raise OpBenchError("--iftune with several --devices: the workers would share one tuning database; "
+                           "tune on one GPU first, then sweep the tuned kernels with --database")
     # each point receives its job as a spec (the sweep's job narrowed to it), plus the flags that are not the job's
-    command = spec_command(job_from_args(args), strip_flags(args.argv, {**POINT_FLAGS, **job_flags()}))
-    sweep = Sweep(base, points, devices, state, command=command, timeout=args.point_timeout, progress=not args.quiet,
-                  cpu=cpu)
-    records = sweep.run()
+    spec = SweepJob(job, args.sweep_state, args.point_timeout,
+                    tuple(strip_flags(args.argv, {**POINT_FLAGS, **job_flags()})))
+    try:
+        result = sweep(spec, progress=not args.quiet)
+    except SpecError as err:  # the flags were checked as they were parsed: a field here is the flag's
+        flag = COLLECT_FLAGS.get(err.field.removeprefix("job."), (None, err.field))[1]
+        raise OpBenchError(f"{flag}: {err.message}") from None
     out = human(args)
-    print(format_sweep(records), file=out)
-    done = sum(1 for r in records if r["exit"] in (0, 3))
-    earlier = f" ({sweep.resumed} in an earlier run)" if sweep.resumed else ""
-    print(f"sweep: {done} of {len(records)} points finished{earlier}; rows in {os.path.abspath(path)}; state in "
-          f"{state} (the same command again runs only the points not finished)", file=out)
+    print(result.table(), file=out)
+    earlier = f" ({result.resumed} in an earlier run)" if result.resumed else ""
+    print(f"sweep: {result.finished} of {len(result.records)} points finished{earlier}; rows in "
+          f"{os.path.abspath(path)}; state in {result.state} (the same command again runs only the points not "
+          "finished)", file=out)
     if args.json:
-        write_json(args.json, {"dataset": os.path.abspath(path), "state": str(state), "points": records})
-    return EXIT_OK if done == len(records) else EXIT_FAILURE
+        write_json(args.json, {"dataset": os.path.abspath(path), "state": str(result.state),
+                               "points": result.records})
+    return EXIT_OK if result.finished == len(result.records) else EXIT_FAILURE
 
 
 def _collect_point(args: argparse.Namespace, workload: Any, target: Any, profiler: Any, path: str, options: Any,
@@ -448,18 +438,6 @@ def _rpc_spec(args: argparse.Namespace) -> Any:
     return RPCSpec.parse(args.rpc_tracker, args.rpc_key, args.rpc_workers)
 
 
-def _profiler(args: argparse.Namespace, target: Any, rpc: Any) -> Any:
-    """Where operators are timed: a remote device, this machine's GPU, or this machine's CPU."""
-    from ..profile import Profiler
-    from ..runtime import is_gpu
-
-    if rpc is not None:
-        return Profiler.create("rpc", spec=rpc, target=target)
-    if is_gpu(target):
-        return Profiler.create("cuda", corun_k=args.corun_k, corun_limit=args.corun_limit if args.corun else 0)
-    return Profiler.create("local")
-
-
 def _database_dir(args: argparse.Namespace, dataset: str) -> Path | None:
     """``--database``, else (with ``--iftune``) ``<dataset>.tuning``; checked before any work."""
     from ..tune.database import check_database, default_database_dir
@@ -532,26 +510,30 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
                            f"(accepted: --cut {saved_cut} or auto, which reuses the saved regions)")
 
 
+def compare_job(args: argparse.Namespace, options: Any) -> Any:
+    """The :class:`~opbench.pipeline.compare_job.CompareJob` that ``compare``'s flags describe."""
+    from ..pipeline.compare_job import CompareJob
+    from ..pipeline.compile import BackendSpec, merge_mode
+
+    database = _database_dir(args, "") if args.backend == "tvm" else None
+    backend = BackendSpec(args.backend, args.kernels, merge_mode(args.merge), args.cut,
+                          compiled=True if args.torch_compile else None, repeat=args.compare_repeat,
+                          number=args.compare_number)
+    return CompareJob(model_spec(args), args.target, backend, options, None if database is None else str(database))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..pipeline.compare import compare
-    from ..pipeline.compile import merge_mode, model_backend
+    from ..pipeline.compare_job import run_compare
     from ..runtime import is_gpu, resolve_target
 
     # --backend, --kernels and --cut are argparse choices: checked before this runs
-    merge = merge_mode(args.merge)
     check_output_path(args.json, "--json")
     check_output_path(args.save_schedule, "--save-schedule")
     check_output_path(args.trace, "--trace")
     options = compare_options(args)  # a bad schedule file or scheduler name fails before any work
-    target = resolve_target(args.target)
-    _check_applies(args, is_gpu(target), options.schedule)
-    workload = load_model(args)
-    database = _database_dir(args, "") if args.backend == "tvm" else None
-    backend, baseline = model_backend(workload, target, args.backend, database, merge, args.seed,
-                                      args.compare_repeat, args.compare_number, kernels=args.kernels, cut=args.cut,
-                                      compiled=True if args.torch_compile else None,
-                                      regions=options.schedule.meta.get("regions") if options.schedule else None)
-    result = compare(backend, options, baseline)
+    _check_applies(args, is_gpu(resolve_target(args.target)), options.load_schedule())
+    result = run_compare(compare_job(args, options))
+    workload = result.workload
     table = _print_comparison(result, args)
     if args.trace:
         from ..runtime.trace import traced_label

@@ -12,6 +12,15 @@ from .frames import json_value, row_dtype
 from .schema import ALL_TABLES, SCHEMA_VERSION, TABLES, columns_of
 from .store import Dataset, inspect_file, model_key, now
 
+#: the dataset a job writes when none is named and ``$OPBENCH_DATASET`` is unset
+DEFAULT_PATH = os.path.join("data", "opbench.sqlite")
+
+
+def default_path() -> str:
+    """``$OPBENCH_DATASET``, else :data:`DEFAULT_PATH`."""
+    return os.environ.get("OPBENCH_DATASET") or DEFAULT_PATH
+
+
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -98,6 +107,6 @@ def export(path: str | Path, fmt: str | None, out: str | Path, tables: list[str]
     return written
 
 
-__all__ = ["ALL_TABLES", "SCHEMA_VERSION", "TABLES", "Dataset", "check_tables", "export", "export_format",
-           "export_targets", "inspect_file", "json_value", "load", "model_key", "now",
+__all__ = ["ALL_TABLES", "DEFAULT_PATH", "SCHEMA_VERSION", "TABLES", "Dataset", "check_tables", "default_path",
+           "export", "export_format", "export_targets", "inspect_file", "json_value", "load", "model_key", "now",
            "row_dtype"]

@@ -28,9 +28,9 @@ from ..profile.env import environment_tags
 from ..profile.timer import Timing, TimingConfig
 from ..runtime import OperatorKernels, canonical_target, flatten_outputs, relative_error
 from ..utils import device_lock
-from .compare import COSTS, DEFAULT_SCHEDULERS, IOS_COSTS, SM_PARTITIONS, choices
+from .compare import DEFAULT_SCHEDULERS, CompareOptions
 from .runs import recorded_run
-from .spec import Spec, SpecError, check_devices, check_points, check_rpc
+from .spec import MeasureSpec, ModelSpec, Spec, SpecError, check_devices, check_points, check_rpc
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,6 @@ class CollectJob(Spec):
     def validate(self) -> None:
         """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
         from ..models import SOURCE_KINDS
-        from ..schedule import SCHEDULERS
         from ..tune.tuners import TUNERS
 
         if self.source not in SOURCE_KINDS:
@@ -152,19 +151,33 @@ class CollectJob(Spec):
         check_devices(self.devices)
         if self.tuner not in TUNERS:
             raise SpecError("tuner", f"unknown tuner {self.tuner!r} (accepted: {', '.join(TUNERS)})")
-        unknown = [s for s in self.schedulers if s not in SCHEDULERS]
-        if not self.schedulers or unknown:
-            raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
-                                          f"(accepted: {', '.join(SCHEDULERS)})")
-        for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS)):  # comma-separated, as the flags take them
-            try:
-                choices(getattr(self, name), accepted, name)
-            except OpBenchError:
-                raise SpecError(name, f"{getattr(self, name)!r}: each of {', '.join(accepted)}, comma-separated, "
-                                      "is accepted") from None
-        if self.sm_partition not in SM_PARTITIONS:
-            raise SpecError("sm_partition", f"{self.sm_partition!r} is not one of {', '.join(SM_PARTITIONS)}")
+        try:
+            self.compare_options().validate()
+        except SpecError as err:
+            raise SpecError(COMPARE_FIELDS.get(err.field, err.field), err.message) from None
         check_rpc(self.rpc_tracker, self.rpc_key, self.rpc_workers)
+
+    def compare_options(self) -> CompareOptions:
+        """What ``compare`` runs on the collected kernels."""
+        return CompareOptions(self.schedulers, self.cost, self.ios_cost, self.predictor, self.ios_time_limit_s,
+                              self.compare_repeat, self.compare_number, sm_partition=self.sm_partition)
+
+    def model_specs(self) -> list[ModelSpec]:
+        """Every model the job loads: each model at each batch size and dtype, models outermost."""
+        return [ModelSpec(name=m, source=self.source, batch_size=b, dtype=d, image_size=self.image_size,
+                          seqlen=self.seqlen, seed=self.seed, sha256=self.sha256)
+                for m in self.models for b in self.batch_sizes for d in self.dtypes]
+
+    def measure_spec(self) -> MeasureSpec:
+        """How the job times operators."""
+        return MeasureSpec(target=self.target, warmup=self.warmup, repeat=self.repeat,
+                           min_repeat_ms=self.min_repeat_ms, flush_l2=self.flush_l2, corun_k=self.corun_k,
+                           corun_limit=self.corun_limit if self.corun else 0, rpc_tracker=self.rpc_tracker,
+                           rpc_key=self.rpc_key, rpc_workers=self.rpc_workers)
+
+
+#: CompareOptions fields named otherwise in a CollectJob
+COMPARE_FIELDS = {"repeat": "compare_repeat", "number": "compare_number"}
 
 
 #: how far the per-operator replay may differ from the Relax VM, by dtype (relative error)
@@ -337,8 +350,8 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         corun_summary = {}
         if profiler.corun_limit:
             _phase("measuring co-run groups")
-            corun_summary = _collect_coruns(graph, kernels, inputs, values, profiler, dataset, options,
-                                            key, {**tags, "run_id": run_id})
+            corun_summary = _collect_coruns(kernels, inputs, values, profiler, dataset, options, key,
+                                            {**tags, "run_id": run_id})
         existing = dataset.rows("models", key_only(key))
         write_model = bool(measured or failed or options.force or not existing)
         if write_model:
@@ -382,12 +395,13 @@ def key_only(key: dict[str, Any]) -> dict[str, Any]:
     return {c: key[c] for c in KEY_COLUMNS}
 
 
-def _collect_coruns(graph: OpGraph, kernels: OperatorKernels, inputs: Any, values: Any, profiler: Profiler,
-                    dataset: Dataset, options: CollectOptions, key: dict[str, Any],
-                    base: dict[str, Any]) -> dict[str, Any]:
-    """Measure co-run groups from the model's antichains and write one row per group."""
+def _collect_coruns(kernels: OperatorKernels, inputs: Any, values: Any, profiler: Profiler, dataset: Dataset,
+                    options: CollectOptions, key: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """Measure co-run groups from the antichains of the model's graph (``kernels.graph``) and write one row per
+    group."""
     from ..profile.antichain import corun_groups
 
+    graph = kernels.graph
     groups = corun_groups(graph, profiler.corun_k, profiler.corun_limit)
     start = time.perf_counter()
     measured = skipped = failed = 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from ..runtime.kernels import relative_error
 from ..schedule import Schedule, SchedulingCost, get_scheduler
 from ..utils import PERCENTILES
 from .costs import operator_latencies, scheduling_cost
-from .spec import overridden
+from .spec import Spec, SpecError, check_positive, overridden
 
 log = logging.getLogger(__name__)
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
@@ -91,11 +91,14 @@ def spread_ms(samples: Sequence[float]) -> dict[str, float]:
     return {f"p{q}_ms": percentile(samples, q) * 1e3 for q in PERCENTILES}
 
 
-def _row(name: str, latency_ms: float | None, error: float | None, sched_error: float | None, scheduling_ms: float,
-         predicted_ms: float | None, plan: Schedule | None, streams: int, events: int) -> dict[str, Any]:
-    return {"schedule": name, "streams": streams, "events": events, "latency_ms": latency_ms, "error": error,
-            "sched_error": sched_error, "scheduling_ms": scheduling_ms, "predicted_ms": predicted_ms,
-            "measured": True, "plan": plan, "sm": plan.partition_label() if plan is not None else "-"}
+def _row(name: str, plan: Schedule | None, **values: Any) -> dict[str, Any]:
+    """A comparison row: ``name``'s ``plan`` (None for a baseline), not timed yet, with ``values`` set."""
+    row = {"schedule": name, "streams": plan.num_streams if plan is not None else 1,
+           "events": plan.num_events if plan is not None else 0, "latency_ms": None, "error": None,
+           "sched_error": None, "scheduling_ms": 0.0, "predicted_ms": None, "measured": True, "plan": plan,
+           "sm": plan.partition_label() if plan is not None else "-"}
+    row.update(values)
+    return row
 
 
 def _scheduled(backend: KernelBackend, items: Sequence[Any], cost: SchedulingCost,
@@ -147,10 +150,22 @@ class EvaluateOptions:
     rtol: float | None = None
 
 
+@dataclasses.dataclass
+class Evaluation:
+    """What :func:`evaluate` found: the kept schedule (``plan``), one row per variant, and where the time went
+    (``phases``: seconds timing the operators, scheduling, measuring). Unpacks as ``plan, rows``."""
+
+    plan: Schedule
+    rows: list[dict[str, Any]]
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.plan, self.rows))
+
+
 def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, cost: SchedulingCost | None = None,
              reference: Sequence[np.ndarray] | None = None, baseline: Any = None, timer: Timer | None = None,
-             phases: dict[str, float] | None = None, options: EvaluateOptions | None = None, **overrides: Any,
-             ) -> tuple[Schedule, list[dict[str, Any]]]:
+             options: EvaluateOptions | None = None, **overrides: Any) -> Evaluation:
     """Schedule, capture and time ``backend`` under each scheduler; return the kept schedule and the table.
 
     Parameters
@@ -182,8 +197,6 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         candidate is timed through the call its user makes (a baseline's ``__call__``, a schedule's
         ``executor.run(inputs)``, the input copy included) in :data:`ROUNDS` interleaved rounds
         (:func:`time_rounds`), ``repeat`` samples in all.
-    phases:
-        Filled with the seconds spent timing operators, scheduling and measuring, when given.
     rtol:
         A candidate whose outputs differ from the reference (the model's own outputs) by more than this
         relative norm (``error``) is not kept, and its row says so (``refused``); None: none is refused.
@@ -197,8 +210,9 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
 
     Returns
     -------
-    The fastest schedule (sequential unless a parallel one wins by ``tolerance``) and one row per
-    variant; ``kept`` marks the overall winner, which is a baseline row when no schedule beats them.
+    An :class:`Evaluation`: the fastest schedule (sequential unless a parallel one wins by ``tolerance``),
+    one row per variant (``kept`` marks the overall winner, which is a baseline row when no schedule beats
+    them) and the seconds each phase took.
     """
     o = overridden(options or EvaluateOptions(), overrides, "evaluate")
     repeat, number, tolerance, mode, schedule = o.repeat, o.number, o.tolerance, o.mode, o.schedule
@@ -209,7 +223,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     named = schedulers is not None
     items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
     timer = timer or default_timer(backend.is_cuda, max(1, -(-repeat // ROUNDS)), number)  # repeat in all rounds
-    phases = phases if phases is not None else {}
+    phases: dict[str, float] = {}
     clock = time.perf_counter()
     if cost is None:
         cost = scheduling_cost(backend, operator_times(backend, repeat))
@@ -231,15 +245,14 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     for base in bases:
         outputs = host_arrays(_leaves(base(*inputs) if inputs is not None else base.run_once()))
         reference = reference if reference is not None else outputs
-        rows.append(_row(base.label, None, relative_error(outputs, reference), None, 0.0, None, None, 1, 0))
+        rows.append(_row(base.label, None, error=relative_error(outputs, reference)))
         rows[-1]["baseline"] = base
         timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
     measured = _Measure(backend, timer, reference, inputs)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, "versions": library_versions(),
                           **backend.schedule_meta()})
-        row = _row(plan.name, None, None, None, seconds * 1e3, predicted[i] * 1e3, plan,  # None: not measured
-                   plan.num_streams, plan.num_events)
+        row = _row(plan.name, plan, scheduling_ms=seconds * 1e3, predicted_ms=predicted[i] * 1e3)
         if i in measure:
             timed.append((row, measured.prepare(row)))
         else:
@@ -254,7 +267,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     if kept is None:  # a baseline won: the best schedule still goes back (for --save-schedule)
         kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
                    key=lambda r: r["latency_ms"])
-    return kept["plan"], rows
+    return Evaluation(kept["plan"], rows, phases)
 
 
 #: interleaved rounds in which every candidate of a comparison is timed (each round starts with another one)
@@ -339,7 +352,7 @@ def _partitioned_rows(backend: KernelBackend, rows: list[dict[str, Any]], cost: 
              len(variants))
     out = []
     for plan, predicted in variants:
-        row = _row(plan.name, None, None, None, 0.0, predicted * 1e3, plan, plan.num_streams, plan.num_events)
+        row = _row(plan.name, plan, predicted_ms=predicted * 1e3)
         measure(row)
         out.append(row)
     return out
@@ -457,14 +470,39 @@ def evaluate_with_bound(backend: KernelBackend, schedulers: Sequence[Any] | None
     """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' alone-times
     (``latencies``, seconds by operator index, when they were measured already).
 
-    Returns the kept schedule, the table, and the critical path that bounds every row.
+    Returns the kept schedule, the table, and the critical path that bounds every row (:func:`bounded` returns
+    them as one object, with the phases).
     """
+    found = bounded(backend, schedulers, reference, options.pop("baseline", None), latencies,
+                    EvaluateOptions(repeat, number, tolerance), **options)
+    return found.plan, found.rows, found.bound
+
+
+@dataclasses.dataclass
+class Bounded(Evaluation):
+    """An :class:`Evaluation` with the critical path that bounds every row (:func:`critical_path`)."""
+
+    bound: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def bounded(backend: KernelBackend, schedulers: Sequence[Any] | None = DEFAULT_SCHEDULERS,
+            reference: Sequence[np.ndarray] | None = None, baseline: Any = None,
+            latencies: Sequence[float] | None = None, options: EvaluateOptions | None = None,
+            **overrides: Any) -> Bounded:
+    """:func:`evaluate` and :func:`critical_path` on one measurement of the operators' alone-times
+    (``latencies``, seconds by operator index, when they were measured already); ``baseline``, ``options``
+    and ``overrides`` as :func:`evaluate` takes them."""
+    o = overridden(options or EvaluateOptions(), overrides, "bounded")
+    clock = time.perf_counter()
     if latencies is None:
-        latencies = operator_latencies(backend, repeat, number)
-    cost = scheduling_cost(backend, latencies)
-    kept, rows = evaluate(backend, schedulers, cost, reference, repeat=repeat, number=number, tolerance=tolerance,
-                          **options)
-    return kept, rows, critical_path(backend, repeat, number, latencies)
+        latencies = operator_latencies(backend, o.repeat, o.number)
+    alone_s = time.perf_counter() - clock
+    found = evaluate(backend, schedulers, scheduling_cost(backend, latencies), reference, baseline, options=o)
+    found.phases["operator_times_s"] += alone_s
+    clock = time.perf_counter()
+    bound = critical_path(backend, o.repeat, o.number, latencies)
+    found.phases["critical_path_s"] = time.perf_counter() - clock
+    return Bounded(found.plan, found.rows, found.phases, bound)
 
 
 def choices(text: str, accepted: Sequence[str], flag: str) -> list[str]:
@@ -476,28 +514,72 @@ def choices(text: str, accepted: Sequence[str], flag: str) -> list[str]:
     return values
 
 
-@dataclasses.dataclass
-class CompareOptions:
-    """What :func:`compare` runs: the schedulers (comma-separated names, sequential first), IOS's
-    stage costs (``model``, ``measured``), the operator costs of ios and greedy (``measured``,
-    ``predicted``, with ``predictor``: a latency predictor file and optionally a co-run one), the
-    timing (``repeat`` samples of ``number`` runs), a saved ``schedule`` to measure instead of a search,
-    and ``stages``: every stage's measured latency too."""
+@dataclasses.dataclass(frozen=True)
+class CompareOptions(Spec):
+    """What :func:`compare` runs, as plain data (a :class:`~opbench.pipeline.spec.Spec`).
 
-    schedulers: str = ",".join(DEFAULT_SCHEDULERS)
-    ios_cost: str = "model"
+    Attributes
+    ----------
+    schedulers:
+        The schedulers, sequential first (the fallback); a comma-separated text is split.
+    cost, ios_cost, predictor, ios_time_limit_s:
+        The operator costs of ios and greedy (``measured``, ``predicted``; comma-separated), IOS's stage costs
+        (``model``, ``measured``), a latency predictor file (and optionally a co-run one, comma-separated) for
+        ``predicted``, and IOS's search limit.
+    repeat, number:
+        Every candidate is timed as ``repeat`` samples of ``number`` runs.
+    schedule:
+        A schedule file saved earlier for this graph: measured beside sequential instead of a search.
+    stages:
+        Also time every stage of sequential and of the staged schedules (IOS's view).
+    sm_partition:
+        ``auto``: also measure the best parallel schedule with SM partitions (GPU); ``off``.
+    """
+
+    schedulers: tuple[str, ...] = DEFAULT_SCHEDULERS
     cost: str = "measured"
+    ios_cost: str = "model"
     predictor: str | None = None
-    ios_time_limit: float = 60.0
+    ios_time_limit_s: float = 60.0
     repeat: int = 10
     number: int = 20
-    schedule: Schedule | None = None
+    schedule: str | None = None
     stages: bool = False
     sm_partition: str = "off"
 
+    def __post_init__(self) -> None:
+        if isinstance(self.schedulers, str):  # "sequential,opara", as the flag takes them
+            object.__setattr__(self, "schedulers", tuple(n.strip() for n in self.schedulers.split(",") if n.strip()))
+
+    def validate(self) -> None:
+        """Check every field without loading anything (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..schedule import SCHEDULERS
+
+        unknown = [s for s in self.schedulers if s not in SCHEDULERS]
+        if not self.schedulers or unknown:
+            raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
+                                          f"(accepted: {', '.join(SCHEDULERS)})")
+        for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS)):
+            try:
+                choices(getattr(self, name), accepted, name)
+            except OpBenchError:
+                raise SpecError(name, f"{getattr(self, name)!r}: each of {', '.join(accepted)}, comma-separated, "
+                                      "is accepted") from None
+        if "predicted" in self.cost and not self.predictor:
+            raise SpecError("predictor", "cost 'predicted' needs a latency predictor file (from 'opbench train')")
+        check_positive(self, ("repeat", "number"))
+        if not 0 < self.ios_time_limit_s < float("inf"):
+            raise SpecError("ios_time_limit_s", f"must be a finite positive number, got {self.ios_time_limit_s}")
+        if self.sm_partition not in SM_PARTITIONS:
+            raise SpecError("sm_partition", f"{self.sm_partition!r} is not one of {', '.join(SM_PARTITIONS)}")
+
+    def load_schedule(self) -> Schedule | None:
+        """The saved schedule ``schedule`` names (a file that does not read is a one-line error), or None."""
+        return Schedule.load(self.schedule) if self.schedule else None
+
     def scheduler_names(self) -> list[str]:
         """The schedulers checked (unknown names and inconsistent costs fail before any work), sequential first."""
-        names = [get_scheduler(n.strip()).name for n in self.schedulers.split(",") if n.strip()]
+        names = [get_scheduler(n).name for n in self.schedulers]
         choices(self.ios_cost, IOS_COSTS, "--ios-cost")
         costs = choices(self.cost, COSTS, "--cost")
         if "predicted" in costs and not self.predictor:
@@ -538,6 +620,10 @@ class CompareResult:
     rows: list[dict[str, Any]]
     bound: dict[str, Any]
     stages: dict[str, Any] | None = None
+    #: seconds by phase: timing the operators alone, scheduling, measuring, the critical path (and stages)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: the model compared, when the compare job loaded it (:func:`opbench.pipeline.compare_job.run_compare`)
+    workload: Any = None
 
     @property
     def kept_baseline(self) -> dict[str, Any] | None:
@@ -606,14 +692,14 @@ def schedulers_for(backend: KernelBackend, options: CompareOptions) -> list[Any]
             else:
                 for cost in choices(options.ios_cost, IOS_COSTS, "--ios-cost"):
                     measured = measured_stage_cost(backend) if cost == "measured" else None
-                    out.append(IOS(time_limit_s=options.ios_time_limit, stage_cost=measured,
+                    out.append(IOS(time_limit_s=options.ios_time_limit_s, stage_cost=measured,
                                    name="ios" if cost == "model" else "ios-measured"))
     if "predicted" in costs:
         from ..predict.scheduling import predicted_schedulers
         from ..profile.cuda import device_figures
 
         latency, corun = load_predictors(options.predictor or "", backend)
-        chosen = [IOS(time_limit_s=options.ios_time_limit) if n == "ios" else n for n in names if n in PREDICTED]
+        chosen = [IOS(time_limit_s=options.ios_time_limit_s) if n == "ios" else n for n in names if n in PREDICTED]
         out += predicted_schedulers(chosen, latency, corun, backend.resources,
                                     device_figures() if backend.is_cuda else None)
     return out
@@ -640,17 +726,21 @@ def compare(backend: KernelBackend, options: CompareOptions | None = None,
     model's own CUDA Graph, ``torch.compile``'s module), then the critical path that bounds them all.
     ``latencies`` (seconds by operator) are the operators' alone-times when they were just measured."""
     options = options or CompareOptions()
-    what = f"schedule {options.schedule.name}" if options.schedule else f"schedules {options.schedulers}"
+    schedule = options.load_schedule()
+    what = f"schedule {schedule.name}" if schedule else f"schedules {','.join(options.schedulers)}"
     log.info("comparing %s on %d operators", what, len(backend.graph))
-    kept, rows, bound = evaluate_with_bound(backend, schedulers_for(backend, options), repeat=options.repeat,
-                                            number=options.number, latencies=latencies, baseline=baseline,
-                                            schedule=options.schedule, sm_partition=options.sm_partition)
-    stages = stage_tables(backend, rows, options.repeat) if options.stages else None
-    return CompareResult(backend, kept, rows, bound, stages)
+    found = bounded(backend, schedulers_for(backend, options), None, baseline, latencies,
+                    EvaluateOptions(options.repeat, options.number, schedule=schedule,
+                                    sm_partition=options.sm_partition))
+    clock = time.perf_counter()
+    stages = stage_tables(backend, found.rows, options.repeat) if options.stages else None
+    if stages is not None:
+        found.phases["stages_s"] = time.perf_counter() - clock
+    return CompareResult(backend, found.plan, found.rows, found.bound, stages, found.phases)
 
 
-__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "EvaluateOptions", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED",
-           "SM_PARTITIONS",
-           "CompareOptions", "CompareResult", "check_schedule", "check_sm_partition", "choices", "compare",
-           "critical_path", "evaluate", "evaluate_with_bound", "host_arrays", "load_predictors",
-           "operator_latencies", "scheduling_cost", "schedulers_for", "stage_tables", "table_rows"]
+__all__ = ["COSTS", "DEFAULT_SCHEDULERS", "FAST_SCHEDULERS", "IOS_COSTS", "MODES", "PREDICTED", "SM_PARTITIONS",
+           "Bounded", "CompareOptions", "CompareResult", "EvaluateOptions", "Evaluation", "bounded", "check_schedule",
+           "check_sm_partition", "choices", "compare", "critical_path", "evaluate", "evaluate_with_bound",
+           "host_arrays", "load_predictors", "operator_latencies", "scheduling_cost", "schedulers_for", "stage_tables",
+           "table_rows"]

@@ -31,6 +31,7 @@ from ..profile.schedule import median, merge_cost, time_ops
 from ..runtime import BuiltModule, OperatorKernels, build_module
 from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
 from ..runtime.target import tuning_target
+from .spec import Spec, SpecError, check_positive, overridden
 
 log = logging.getLogger(__name__)
 #: IOS's merge: none, every group of sibling convolutions (all), or the groups IOS's DP merges (ios)
@@ -156,36 +157,87 @@ def check_kernels(kernels: str) -> str:
 TORCH_TRACE = "auto"
 
 
-def torch_backend(model: Any, inputs: Sequence[Any], merge: bool | str | None = "none", trace: str = TORCH_TRACE,
-                  repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
-                  regions: Sequence[Sequence[str]] | None = None, **options: Any) -> KernelBackend:
-    """A torch model's kernels as a backend: ``kernels="aten"``, a :class:`TorchBackend` (PyTorch's
-    kernels, one per traced call) with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`:
-    ``all`` merges every group of sibling convolutions, ``ios`` the groups :func:`ios_merges` picks,
-    logged; ``backend.merged_groups`` lists what was merged); ``kernels="fused"``, a
-    :class:`~opbench.runtime.fused.FusedBackend` (regions compiled by Inductor; ``cut`` or a saved
-    cut's ``regions``; ``auto`` is the branches cut)."""
-    mode = merge_mode(merge)
-    if check_kernels(kernels) == "fused":
+@dataclasses.dataclass(frozen=True)
+class BackendSpec(Spec):
+    """Which kernels run a model's operators, for the compare job and the facade.
+
+    Attributes
+    ----------
+    kind:
+        ``tvm`` (TVM's kernels), ``torch`` (the model's PyTorch kernels) or ``fused`` (``torch`` with
+        ``kernels="fused"``).
+    kernels:
+        For ``torch``: ``aten``, ATen's kernel per traced call, or ``fused``, regions of the traced graph each
+        compiled by Inductor.
+    merge:
+        IOS's merge of sibling convolutions (:data:`MERGE_MODES`: ``none``, ``all``, ``ios``).
+    cut:
+        How fused regions are cut (``auto``: the branches; :data:`opbench.ir.regions.CUTS`).
+    regions:
+        A saved cut's regions (node names), used instead of cutting again.
+    compiled:
+        ``torch.compile`` baselines beside a torch model's own CUDA Graph (``None``: with fused kernels).
+    trace:
+        How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
+    repeat, number:
+        Timing of the measurements a backend's construction makes (IOS's merge, the ``blocks`` cut).
+    """
+
+    kind: str = "tvm"
+    kernels: str = "aten"
+    merge: str = "none"
+    cut: str = "auto"
+    regions: tuple[tuple[str, ...], ...] | None = None
+    compiled: bool | None = None
+    trace: str = TORCH_TRACE
+    repeat: int = 10
+    number: int = 20
+
+    def validate(self) -> None:
+        """Check every field (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..ir.regions import CUTS
+        from ..ir.torch_graph import TRACERS as TRACES
+        from ..runtime.backend import BACKEND_KINDS
+
+        for name, value, accepted in (("kind", self.kind, BACKEND_KINDS.kinds()), ("kernels", self.kernels, KERNELS),
+                                      ("merge", self.merge, MERGE_MODES), ("cut", self.cut, ("auto", *CUTS)),
+                                      ("trace", self.trace, TRACES)):
+            if value not in accepted:
+                raise SpecError(name, f"unknown {name} {value!r} (accepted: {', '.join(accepted)})")
+        check_positive(self, ("repeat", "number"))
+
+
+def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = None, /,
+                  **overrides: Any) -> KernelBackend:
+    """A torch model's kernels as a backend, as ``spec`` (a :class:`BackendSpec`; keywords of its fields'
+    names override them) says: ``kernels="aten"``, a :class:`TorchBackend` (PyTorch's kernels, one per traced
+    call) with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`: ``all`` merges every group of
+    sibling convolutions, ``ios`` the groups :func:`ios_merges` picks, logged; ``backend.merged_groups``
+    lists what was merged); ``kernels="fused"``, a :class:`~opbench.runtime.fused.FusedBackend` (regions
+    compiled by Inductor; ``cut`` or a saved cut's ``regions``; ``auto`` is the branches cut)."""
+    o = overridden(spec or BackendSpec(), overrides, "torch_backend")
+    mode = merge_mode(o.merge)
+    repeat, number, trace, regions = o.repeat, o.number, o.trace, o.regions
+    if check_kernels(o.kernels) == "fused":
         if mode != "none":
             raise OpBenchError("IOS's merge applies to ATen kernels (kernels='aten'); fused regions merge "
                                "what Inductor fuses")
         costs = None
-        if cut == "blocks" and regions is None:  # each traced operator alone, PyTorch's kernel
+        if o.cut == "blocks" and regions is None:  # each traced operator alone, PyTorch's kernel
             from ..ir.torch_graph import fx_module
             from ..profile.schedule import alone_times
 
             costs = alone_times(TorchBackend(fx_module(model, inputs, trace)[0], inputs, trace="graph"),
                                 repeat=min(repeat, 3), number=min(number, 5))
-        return KernelBackend.create("fused", model, inputs, cut="branches" if cut == "auto" else cut,
+        return KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
                                     regions=regions, trace=trace, costs=costs)
-    backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all", **options)
+    backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
     if mode == "ios":
         chosen = ios_merges(backend, repeat=repeat, number=number)
         log.info("merge: IOS merges %d of %d group(s) of sibling convolutions: %s", len(chosen),
                  len(backend.merge_groups()), "; ".join("+".join(g) for g in chosen) or "none")
         if chosen:
-            backend = TorchBackend(model, inputs, trace=backend.trace, merge=chosen, **options)
+            backend = TorchBackend(model, inputs, trace=backend.trace, merge=chosen)
     return backend
 
 
@@ -270,50 +322,49 @@ def tvm_ios_merges(mod: Any, func_name: str, plain: TVMBackend, merged: TVMBacke
     return sorted(members[tuple(sorted(ops))] for ops in chosen)
 
 
-def model_backend(workload: Any, target: Any, kind: str = "tvm", database: Any = None, merge: bool | str = "none",
-                  seed: int = 0, repeat: int = 10, number: int = 20, kernels: str = "aten", cut: str = "auto",
-                  compiled: bool | None = None, regions: Sequence[Sequence[str]] | None = None,
-                  ) -> tuple[KernelBackend, list[Any] | None]:
-    """``workload``'s kernels as backend ``kind`` for the compare job, and the baselines where the
-    backend runs the model's PyTorch kernels: the model's own CUDA Graph and (``compiled``; by default
-    with fused kernels) ``torch.compile(model, mode="reduce-overhead")``.
+def model_backend(workload: Any, target: Any, spec: BackendSpec | None = None, database: Any = None,
+                  seed: int = 0) -> tuple[KernelBackend, list[Any] | None]:
+    """``workload``'s kernels as ``spec`` says (a :class:`BackendSpec`) for the compare job, and the baselines
+    where the backend runs the model's PyTorch kernels: the model's own CUDA Graph and (``compiled``; by
+    default with fused kernels) ``torch.compile(model, mode="reduce-overhead")``.
 
     ``tvm``: TVM's kernels (tuned ones from the tuning database folder ``database``); ``torch``: the
     model's PyTorch kernels (sources with a PyTorch model: local, transformers), ATen's one per traced
     call (``kernels="aten"``) or regions compiled by Inductor (``kernels="fused"``, cut as ``cut``
-    says or as a saved schedule's ``regions`` were; ``fused`` as ``kind`` is the same). ``merge`` applies IOS's merge
-    (:data:`opbench.pipeline.compile.MERGE_MODES`).
+    says or as a saved schedule's ``regions`` were; ``fused`` as ``kind`` is the same). ``merge`` applies IOS's
+    merge (:data:`opbench.pipeline.compile.MERGE_MODES`). ``seed`` makes the inputs.
     """
     from ..runtime.device import gpu_index
     from ..runtime.graphs import CapturedModel, compile_variants, compiled_baselines
     from ..runtime.target import is_gpu
 
-    KernelBackend.check_kind(kind)
-    merge = merge_mode(merge)
-    if kind == "fused":
-        kind, kernels = "torch", "fused"
-    if check_kernels(kernels) == "fused" and kind == "tvm":
+    spec = spec or BackendSpec()
+    KernelBackend.check_kind(spec.kind)
+    if spec.kind == "fused":
+        spec = dataclasses.replace(spec, kind="torch", kernels="fused")
+    merge, kernels = merge_mode(spec.merge), check_kernels(spec.kernels)
+    if kernels == "fused" and spec.kind == "tvm":
         raise OpBenchError("fused kernels are regions of a PyTorch model compiled by Inductor: use them with "
                            "--backend torch (TVM's kernels are fused by TVM already)")
-    if kind == "tvm":
+    if spec.kind == "tvm":
         log.info("extracting and compiling %s for %s", workload.name, target.kind.name)
         return tvm_backend(workload, target, workload.example_inputs(seed), database=database, merge=merge,
-                           repeat=repeat, number=number), None
+                           repeat=spec.repeat, number=spec.number), None
     if workload.torch_module is None:
-        raise OpBenchError(f"--backend {kind} needs a torch model; source '{workload.source}' has none "
+        raise OpBenchError(f"--backend {spec.kind} needs a torch model; source '{workload.source}' has none "
                            "(accepted sources: local, transformers)")
 
     device = f"cuda:{gpu_index()}" if is_gpu(target) else "cpu"
     module = workload.torch_module.to(device).eval()
     inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]
-    baselines += compiled_baselines(module, inputs, compile_variants(compiled, kernels))
+    baselines += compiled_baselines(module, inputs, compile_variants(spec.compiled, kernels))
     if kernels == "fused":
         log.info("cutting %s into regions and compiling each with Inductor", workload.name)
-    backend = torch_backend(module, inputs, merge, repeat=repeat, number=number, kernels=kernels, cut=cut,
-                            regions=regions if kernels == "fused" else None)  # traced as capturer traces (TORCH_TRACE)
+    backend = torch_backend(module, inputs, spec, regions=spec.regions if kernels == "fused" else None)
     return backend, baselines
 
 
-__all__ = ["KERNELS", "MERGE_MODES", "CompiledWorkload", "check_kernels", "compile_workload", "ios_merges",
-           "merge_mode", "model_backend", "torch_backend", "tvm_backend", "tvm_ios_merges"]
+__all__ = ["KERNELS", "MERGE_MODES", "TORCH_TRACE", "BackendSpec", "CompiledWorkload", "check_kernels",
+           "compile_workload", "ios_merges", "merge_mode", "model_backend", "torch_backend", "tvm_backend",
+           "tvm_ios_merges"]

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,6 +79,15 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     """``value`` as the field's type: lists become tuples; a wrong type is a :class:`SpecError`."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, Spec):  # a spec inside a spec (SweepJob's job, say)
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise SpecError(name, f"a JSON object ({hint.__name__}) is needed, got {type(value).__name__}")
+        try:
+            return hint.from_json(value)
+        except SpecError as err:
+            raise SpecError(f"{name}.{err.field}", err.message) from None
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -139,6 +149,149 @@ def check_rpc(tracker: str | None, key: str | None, workers: int | None) -> None
         raise SpecError("rpc_workers", f"must be 1 or more, got {workers}")
 
 
+def check_positive(spec: Spec, names: Sequence[str], least: int = 1) -> None:
+    """Each of ``spec``'s fields ``names`` is ``None`` or ``least`` or more."""
+    for name in names:
+        value = getattr(spec, name)
+        if value is not None and value < least:
+            raise SpecError(name, f"must be {least} or more, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(Spec):
+    """One model at one batch size and precision, as a job loads it (:meth:`load_workload`; ``load`` reads a spec
+    file, as for every spec).
+
+    Attributes
+    ----------
+    name, source:
+        The model and its source (``local``, ``simple``, ``transformers``, ``onnx``, ``remoteonnx``, ...).
+    batch_size, dtype:
+        The batch size and the precision (``float32``, ``float16``, ``bfloat16``).
+    image_size, seqlen, seed, sha256:
+        The input size of a vision model (``None``: the model's own), the sequence length of a language
+        model, the seed of its weights and inputs, and an ONNX file's expected SHA-256.
+    cache_dir, max_download_mb:
+        Where downloaded models are kept and the largest download accepted (``None``: the defaults).
+    """
+
+    name: str = "resnet-18"
+    source: str = "local"
+    batch_size: int = 1
+    dtype: str = "float32"
+    image_size: int | None = None
+    seqlen: int = 128
+    seed: int = 0
+    sha256: str | None = None
+    cache_dir: str | None = None
+    max_download_mb: float | None = None
+
+    def validate(self) -> None:
+        """Check every field without loading anything (see :class:`Spec`)."""
+        from ..models import SOURCE_KINDS, check_name
+
+        if self.source not in SOURCE_KINDS:
+            raise SpecError("source", f"unknown source {self.source!r} (accepted: {', '.join(SOURCE_KINDS.kinds())})")
+        try:
+            check_name(self.source, self.name)
+        except OpBenchError as err:
+            raise SpecError("name", str(err)) from None
+        check_points((self.dtype,), (self.batch_size,))
+        check_positive(self, ("image_size", "seqlen"))
+        check_positive(self, ("seed",), least=0)
+        if self.max_download_mb is not None and not self.max_download_mb > 0:
+            raise SpecError("max_download_mb", f"must be positive, got {self.max_download_mb}")
+
+    def options(self) -> dict[str, Any]:
+        """The source's loading options."""
+        return {"image_size": self.image_size, "seqlen": self.seqlen, "seed": self.seed, "sha256": self.sha256,
+                "cache_dir": self.cache_dir, "max_download_mb": self.max_download_mb}
+
+    def load_workload(self) -> Any:
+        """The :class:`~opbench.models.Workload` (checked first: a bad field raises :class:`SpecError`)."""
+        from ..models import load_workload
+
+        self.validate()
+        return load_workload(self.source, self.name, self.batch_size, dtype=self.dtype, **self.options())
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSpec(Spec):
+    """Where and how operators are timed.
+
+    Attributes
+    ----------
+    target:
+        ``llvm``, ``cuda`` or a JSON target.
+    warmup, repeat, min_repeat_ms, flush_l2:
+        Untimed calls, timed samples (the median is reported), the least duration of a sample, and caches
+        flushed before each sample.
+    corun_k, corun_limit:
+        Co-runs on a GPU: the largest group launched together, and how many groups (0: none).
+    rpc_tracker, rpc_key, rpc_workers:
+        Time on the devices registered with a TVM RPC tracker (``HOST:PORT``) under ``rpc_key``.
+    """
+
+    target: str = "llvm"
+    warmup: int = 1
+    repeat: int = 10
+    min_repeat_ms: float = 5.0
+    flush_l2: bool = False
+    corun_k: int = 4
+    corun_limit: int = 0
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
+    rpc_workers: int | None = None
+
+    def validate(self) -> None:
+        """Check every field without touching a device (see :class:`Spec`)."""
+        from ..runtime.target import target_config
+
+        try:
+            target_config(self.target)
+        except OpBenchError as err:
+            raise SpecError("target", str(err)) from None
+        check_positive(self, ("repeat", "corun_k"))
+        check_positive(self, ("warmup", "corun_limit"), least=0)
+        if not 0 <= self.min_repeat_ms < float("inf"):
+            raise SpecError("min_repeat_ms", f"must be a finite number of 0 or more, got {self.min_repeat_ms}")
+        check_rpc(self.rpc_tracker, self.rpc_key, self.rpc_workers)
+
+    def timing(self) -> Any:
+        """The :class:`~opbench.profile.TimingConfig` of one kernel."""
+        from ..profile import TimingConfig
+
+        return TimingConfig(warmup=self.warmup, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms,
+                            flush_l2=self.flush_l2)
+
+    def rpc(self) -> Any:
+        """The remote devices (:class:`~opbench.profile.rpc.RPCSpec`), or None."""
+        from ..profile.rpc import RPCSpec
+
+        return None if self.rpc_tracker is None else RPCSpec.parse(self.rpc_tracker, self.rpc_key, self.rpc_workers)
+
+    def resolve_target(self) -> Any:
+        """The ``tvm.target.Target`` (a CUDA target reads its architecture from this machine's GPU unless the
+        devices are remote)."""
+        from ..runtime.target import resolve_target
+
+        return resolve_target(self.target, local_device=self.rpc_tracker is None)
+
+    def profiler(self, target: Any = None) -> Any:
+        """Where operators are timed: the remote devices, this machine's GPU or its CPU
+        (:class:`~opbench.profile.Profiler`)."""
+        from ..profile import Profiler
+        from ..runtime.target import is_gpu
+
+        rpc = self.rpc()
+        target = target if target is not None else self.resolve_target()
+        if rpc is not None:
+            return Profiler.create("rpc", spec=rpc, target=target)
+        if is_gpu(target):
+            return Profiler.create("cuda", corun_k=self.corun_k, corun_limit=self.corun_limit)
+        return Profiler.create("local")
+
+
 D = TypeVar("D")
 
 
@@ -152,4 +305,5 @@ def overridden(options: D, overrides: dict[str, Any], caller: str) -> D:
     return dataclasses.replace(options, **overrides) if overrides else options  # type: ignore[type-var]
 
 
-__all__ = ["Spec", "SpecError", "check_devices", "check_points", "check_rpc", "overridden"]
+__all__ = ["MeasureSpec", "ModelSpec", "Spec", "SpecError", "check_devices", "check_points", "check_positive",
+           "check_rpc", "overridden"]

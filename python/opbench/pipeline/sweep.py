@@ -6,10 +6,12 @@ process whose ``CUDA_VISIBLE_DEVICES`` names its worker's GPU: a crash, an out-o
 point costs that point, never the sweep or the rows other points wrote (every point writes its rows to
 the dataset as it measures them; SQLite's write-ahead log lets points on several GPUs write one file).
 
-The sweep's state (each finished point: exit status, summary, seconds) is a JSON file beside the
-dataset, named after a digest of the command's other flags; the same command again skips the points
-that finished and runs the rest (points that crashed or were interrupted run again). Each point's
-output goes to a log file beside the state file.
+A sweep is a :class:`SweepJob` (a :class:`~opbench.pipeline.collect.CollectJob` and where its state goes);
+each point's process receives the job narrowed to its point as a spec file. The sweep's state (each
+finished point: exit status, summary, seconds) is a JSON file beside the dataset, named after a digest
+of the job's fields other than the points'; the same job again (by flags, ``--config`` or
+:func:`sweep`) skips the points that finished and runs the rest (points that crashed or were interrupted
+run again). Each point's output goes to a log file beside the state file.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from typing import Any
 from .. import signals
 from ..errors import OpBenchError
 from ..utils import digest
+from .collect import CollectJob
+from .spec import Spec, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -388,5 +392,117 @@ def format_sweep(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FINISHED", "POINT_FLAGS", "Point", "Sweep", "check_state", "cross", "format_sweep", "point_command",
-           "spec_command", "state_path", "strip_flags"]
+#: CollectJob fields a point sets itself (they are not the sweep's identity: a larger sweep resumes a smaller one)
+POINT_FIELDS = ("models", "batch_sizes", "dtypes", "devices")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepJob(Spec):
+    """A collection over several points (every model x batch size x dtype of ``job``), each point in its own
+    process, one worker per device of ``job.devices``; resumable (:func:`sweep` runs one).
+
+    Attributes
+    ----------
+    job:
+        The collection; each point's process receives it narrowed to the point.
+    state:
+        The state file (``None``: beside the dataset, named after the job: :meth:`state_file`).
+    point_timeout_s:
+        Seconds a point may run before it is killed (``None``: no limit).
+    flags:
+        Command-line flags of ``opbench collect`` that are not fields of the job, given to every point's
+        process as they are (``--cache-dir DIR``, ``--schedule FILE``).
+    """
+
+    job: CollectJob = dataclasses.field(default_factory=CollectJob)
+    state: str | None = None
+    point_timeout_s: float | None = None
+    flags: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Check the job and the sweep's own fields (see :class:`~opbench.pipeline.spec.Spec`)."""
+        try:
+            self.job.validate()
+        except SpecError as err:
+            raise SpecError(f"job.{err.field}", err.message) from None
+        if self.point_timeout_s is not None and not 0 < self.point_timeout_s < float("inf"):
+            raise SpecError("point_timeout_s", f"must be a finite positive number, got {self.point_timeout_s}")
+        if self.state is not None and Path(self.state).is_dir():
+            raise SpecError("state", f"{self.state!r} is a folder (accepted: a state file, or a new path)")
+
+    def points(self) -> list[Point]:
+        """Every (model, batch, dtype) of the job, models outermost."""
+        return cross(self.job.models, self.job.batch_sizes, self.job.dtypes)
+
+    def identity(self) -> list[str]:
+        """What makes two runs the same sweep, as its state file records it: the job's fields other than the
+        points' (``field=value``, sorted) and the passed-through flags. The same job given by flags or by
+        ``--config`` is the same sweep."""
+        fields = {k: v for k, v in self.job.to_json().items() if k not in POINT_FIELDS}
+        return [f"{k}={json.dumps(v)}" for k, v in sorted(fields.items())] + list(self.flags)
+
+    def state_file(self, dataset: str | Path) -> Path:
+        """``state``, or a file beside ``dataset`` named after :meth:`identity`."""
+        return Path(self.state) if self.state else state_path(dataset, self.identity())
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What :func:`sweep` did: every point's record (in sweep order), the state file, the dataset, and how many
+    points an earlier run had finished."""
+
+    records: list[dict[str, Any]]
+    state: Path
+    dataset: str
+    resumed: int
+
+    @property
+    def finished(self) -> int:
+        """Points finished (this run or an earlier one)."""
+        return sum(1 for r in self.records if r["exit"] in FINISHED)
+
+    def table(self) -> str:
+        """The summary table, one line per point (:func:`format_sweep`)."""
+        return format_sweep(self.records)
+
+
+def sweep(spec: SweepJob, progress: bool = True) -> SweepResult:
+    """Run ``spec``'s points not finished yet, each as ``opbench collect --config`` of the job narrowed to it, in
+    its own process, one worker per ``job.devices`` (GPU indices on ``cuda``; numbers of CPU workers, each on
+    its share of the cores, otherwise). ``opbench.sweep`` is this. A bad field raises
+    :class:`~opbench.pipeline.spec.SpecError` and a state file of another sweep :class:`OpBenchError`, both
+    before any work; the same job again runs only the points not finished."""
+    from ..dataset import default_path
+    from ..runtime.device import check_index
+    from ..runtime.target import target_config
+
+    spec.validate()
+    job = spec.job
+    cpu = target_config(job.target).get("kind") != "cuda"  # read without the GPU: the points' processes use it
+    devices: list[int | None] = [None] if job.devices is None else list(job.devices)
+    if job.devices is not None and not cpu:  # GPU indices; on a CPU they number workers (cpu_groups checks them)
+        for index in job.devices:
+            try:
+                check_index(index, "GPU")
+            except OpBenchError as err:
+                raise SpecError("job.devices", str(err)) from None
+    if job.tune and len(devices) > 1:
+        raise OpBenchError("tuning with several devices: the workers would share one tuning database; tune on one "
+                           "GPU first, then sweep the tuned kernels with a database")
+    dataset = job.dataset or default_path()
+    job = dataclasses.replace(job, dataset=dataset)
+    spec = dataclasses.replace(spec, job=job)
+    state, identity, points = spec.state_file(dataset), spec.identity(), spec.points()
+    check_state(state, identity)  # a file that is not this sweep's state is refused before any work, untouched
+    where = "" if devices == [None] else (f" on {len(devices)} CPU workers" if cpu else
+                                          f" on GPUs {','.join(map(str, devices))}")
+    log.info("sweep: %d points (%d models x %d batch sizes x %d dtypes)%s, each in its own process; state in %s",
+             len(points), len(job.models), len(job.batch_sizes), len(job.dtypes), where, state)
+    runner = Sweep(identity, points, devices, state, command=spec_command(job, spec.flags),
+                   timeout=spec.point_timeout_s, progress=progress, cpu=cpu)
+    records = runner.run()
+    return SweepResult(records, state, dataset, runner.resumed)
+
+
+__all__ = ["FINISHED", "POINT_FIELDS", "POINT_FLAGS", "Point", "Sweep", "SweepJob", "SweepResult", "check_state",
+           "cross", "format_sweep", "point_command", "spec_command", "state_path", "strip_flags", "sweep"]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OpBenchError
+from ..registry import Registry
 
 if TYPE_CHECKING:  # the names of the backends are read by the command line's help, which imports no TVM
     from ..ir.graph import ArgRef
@@ -18,6 +19,14 @@ if TYPE_CHECKING:  # the names of the backends are read by the command line's he
 
 #: the kinds :meth:`KernelBackend.create` makes (``fused`` registers itself when first asked for)
 BACKENDS = ("tvm", "torch", "fused")
+
+
+def _register_fused() -> None:
+    from . import fused  # noqa: F401  (registers the compiler-fused regions)
+
+
+#: the kernel backends by name (a subclass with a ``name`` registers itself): ``tvm``, ``torch``, ``fused``
+BACKEND_KINDS: Registry[KernelBackend] = Registry("backend", load=_register_fused)
 
 
 class KernelBackend:
@@ -39,23 +48,15 @@ class KernelBackend:
     graph: Any
     is_cuda: bool = False
     resources: dict[int, dict[str, Any]] | None = None
-    #: the backends by name, for :meth:`create` (a new kind registers itself here)
-    KINDS: dict[str, type[KernelBackend]] = {}
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.name:
-            KernelBackend.KINDS[cls.name] = cls
+            BACKEND_KINDS.register(cls.name, cls)
 
     @staticmethod
     def check_kind(kind: str) -> type[KernelBackend]:
         """The backend class named ``kind``, or a one-line error naming the kinds there are."""
-        from . import fused  # noqa: F401  (registers the compiler-fused regions)
-
-        try:
-            return KernelBackend.KINDS[kind]
-        except KeyError:
-            raise OpBenchError(f"unknown backend '{kind}' (accepted: {', '.join(KernelBackend.KINDS)})") from None
+        return BACKEND_KINDS.factory(kind)  # type: ignore[return-value]
 
     @staticmethod
     def create(kind: str, *args: Any, **options: Any) -> KernelBackend:
@@ -63,7 +64,7 @@ class KernelBackend:
         operator kernels and the inputs (``TVMBackend(kernels, inputs, resources)``), ``torch`` a model
         and its inputs (``TorchBackend(model, inputs, fold_bn=, trace=, merge=)``), ``fused`` a model and
         its inputs (``FusedBackend(model, inputs, cut=, regions=, trace=)``: regions compiled by Inductor)."""
-        return KernelBackend.check_kind(kind)(*args, **options)
+        return BACKEND_KINDS.create(kind, *args, **options)
 
     def schedule_meta(self) -> dict[str, Any]:
         """What a schedule made for this backend records besides the graph and device (e.g. the

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from ..errors import first_line
+from ..errors import OpBenchError, first_line
 
 log = logging.getLogger(__name__)
 EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
@@ -58,6 +59,13 @@ class CapturedGraph:
         if self.graph is not None:
             self.graph.replay()
 
+    def dump(self, path: str | Path) -> None:
+        """Write the graph's nodes and edges to ``path`` in Graphviz DOT (``torch.cuda.CUDAGraph.debug_dump``);
+        the graph must have been captured with ``keep=True`` (:func:`capture_graph`)."""
+        if self.graph is None:
+            raise OpBenchError("the capture recorded no kernel: there is no CUDA Graph to dump")
+        self.graph.debug_dump(str(path))
+
 
 def like(inputs: Sequence[Any], static: Sequence[Any]) -> list[Any]:
     """``inputs`` with each floating-point tensor cast to the dtype of its static input (a model captured
@@ -75,7 +83,8 @@ def clear_cublas_workspaces() -> None:
         clear()
 
 
-def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = None) -> CapturedGraph:
+def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = None,
+                  keep: bool = False) -> CapturedGraph:
     """Warm ``launch`` up on a side stream, then capture it in a CUDA Graph.
 
     Parameters
@@ -87,6 +96,8 @@ def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = Non
         Untimed runs on a side stream before capture (at least one).
     pool:
         A memory pool handle (``torch.cuda.graph_pool_handle()``) to share with other graphs.
+    keep:
+        Keep the graph's template after instantiation, so that :meth:`CapturedGraph.dump` can write it.
     """
     import torch
 
@@ -99,6 +110,8 @@ def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = Non
     origin.wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    if keep:
+        graph.enable_debug_mode()
     # cuBLAS keeps one workspace per stream. One allocated by the warm-up lives in the ordinary pool:
     # captured, the graph would keep using it after anyone frees it (torch.compile's CUDA Graphs
     # clear every workspace), and a replay would then write into another tensor's memory. Cleared
@@ -212,17 +225,14 @@ def compile_variants(compiled: bool | Sequence[str] | None, kernels: str) -> tup
     return variants
 
 
-def compiled_baselines(model: Any, inputs: Sequence[Any], variants: Sequence[str], phases: dict[str, float] | None
-                       = None) -> list[CompiledModel]:
-    """One :class:`CompiledModel` per variant (:func:`compile_variants`), each built and warmed up; ``phases``
-    gets the seconds each took (``torch_compile_s``, ``torch_compile_combo_s``)."""
+def compiled_baselines(model: Any, inputs: Sequence[Any], variants: Sequence[str]) -> list[CompiledModel]:
+    """One :class:`CompiledModel` per variant (:func:`compile_variants`), each built and warmed up (its
+    ``compile_s`` says how long that took)."""
     out = []
     for variant in variants:
         log.info("compiling the model with torch.compile%s (the %s row)", " and combo kernels" * (variant == "combo"),
                  COMBO_ROW if variant == "combo" else COMPILE_ROW)
         out.append(CompiledModel(model, inputs, combo=variant == "combo"))
-        if phases is not None:
-            phases["torch_compile_s" if variant == "default" else f"torch_compile_{variant}_s"] = out[-1].compile_s
     return out
 
 
