@@ -54,3 +54,23 @@ def test_an_embedding_lookup_is_measured_on_its_own_table(tmp_path):
         result = pool.submit(_measure_embedding, str(tmp_path)).result(timeout=300)
     assert "error" not in result, result.get("error")
     assert len(result["run_secs"]) == result["repeats"] >= 2 and min(result["run_secs"]) > 0
+
+
+@pytest.mark.parametrize("kernel_s, launch_s", [(5e-6, 8e-6), (2e-6, 20e-6), (40e-6, 8e-6), (3e-3, 8e-6)])
+def test_a_sample_lasts_what_was_asked_for_although_one_call_overstates_a_short_kernel(kernel_s, launch_s):
+    """One call alone costs its launch too; in a sample of many the launches hide behind the kernels. The
+    calls per sample are chosen so that a sample of the steady kernel lasts ``min_repeat_ms``."""
+    from opbench.tune.farm import Timing, calls_per_sample
+
+    asked = []
+
+    def per_call(number: int) -> float:
+        asked.append(number)
+        return kernel_s + launch_s / number  # seconds per call in a sample of ``number`` calls
+
+    timing = Timing(min_repeat_ms=2.0)
+    number, seconds = calls_per_sample(per_call, timing)
+    assert number * kernel_s >= 2e-3 * 0.95 or number == 1
+    assert number * kernel_s < 2e-3 * 1.5 + kernel_s  # not much longer than asked
+    assert seconds == pytest.approx(kernel_s + launch_s / asked[-1]) and len(asked) <= 4
+    assert calls_per_sample(per_call, Timing(min_repeat_ms=2.0, flush_l2=True))[0] == 1  # a flush before each call
