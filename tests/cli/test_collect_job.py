@@ -70,6 +70,23 @@ def test_config_and_flags_give_the_same_job(tmp_path):
     assert job_from_args(_parse(["--modelname", "resnet-18"])) == CollectJob(models=("resnet-18",))  # the defaults
 
 
+def test_a_toml_config_gives_the_same_job_as_json(tmp_path):
+    from opbench.cli.collect_job import job_from_args
+    from opbench.pipeline.spec import SpecError
+
+    (tmp_path / "job.toml").write_text('models = ["matmul:n=64", "googlenet"]\nsource = "simple"\n'
+                                       'dtypes = ["float16"]\nbatch_sizes = [1, 8]\nrepeat = 7\ntune = true\n')
+    job = job_from_args(_parse(["--config", str(tmp_path / "job.toml")]))
+    assert job.models == ("matmul:n=64", "googlenet") and job.batch_sizes == (1, 8) and job.repeat == 7 and job.tune
+    job.save(tmp_path / "job.json")
+    assert job_from_args(_parse(["--config", str(tmp_path / "job.json")])) == job
+    (tmp_path / "bad.toml").write_text("models = [\n")
+    from opbench.pipeline import CollectJob
+
+    with pytest.raises(SpecError, match="not TOML"):
+        CollectJob.load(tmp_path / "bad.toml")
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     return subprocess.run([sys.executable, "-m", "opbench", "collect", *args], cwd=cwd, env=env,

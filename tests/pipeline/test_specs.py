@@ -14,6 +14,7 @@ from opbench.pipeline.compare_job import CompareJob, run_compare
 from opbench.pipeline.compile import BackendSpec
 from opbench.pipeline.spec import MeasureSpec, ModelSpec, SpecError
 from opbench.pipeline.sweep import SweepJob
+from opbench.pipeline.tune import TuneSpec
 
 BRANCHY = "branchy:branches=2,depth=2,channels=4,size=6"
 
@@ -38,6 +39,9 @@ BRANCHY = "branchy:branches=2,depth=2,channels=4,size=6"
      [({"model": {"source": "nowhere"}}, "model.source"), ({"backend": {"merge": "some"}}, "backend.merge"),
       ({"options": {"repeat": 0}}, "options.repeat"), ({"target": "tpu"}, "target"),
       ({"database": "db", "backend": {"kind": "torch"}}, "database")]),
+    (TuneSpec("db", "random", 16, tasks_limit=4, time_limit_s=60.0),
+     [({"tuner": "magic"}, "tuner"), ({"trials": 0}, "trials"), ({"tasks_limit": 0}, "tasks_limit"),
+      ({"time_limit_s": -1.0}, "time_limit_s"), ({"database": " "}, "database")]),
     (SweepJob(opbench.CollectJob(models=("a", "b"), source="simple", batch_sizes=(1, 8)), point_timeout_s=60.0,
               flags=("--cache-dir", "c")),
      [({"point_timeout_s": 0.0}, "point_timeout_s"), ({"job": {"repeat": 0}}, "job.repeat"),
@@ -59,6 +63,12 @@ def test_every_spec_round_trips_and_names_the_bad_field(spec, bad, tmp_path):
     with pytest.raises(SpecError) as err:
         kind.from_json({**spec.to_json(), "colour": "red"})
     assert err.value.field == "colour"
+
+
+def test_a_spec_holding_an_object_says_it_does_not_go_to_json(tmp_path):
+    with pytest.raises(TypeError, match="object does not go to JSON"):
+        TuneSpec(tmp_path, tuner=object()).to_json()
+    assert TuneSpec(tmp_path).to_json()["database"] == str(tmp_path)  # a path goes as its text
 
 
 def test_a_nested_spec_of_the_wrong_type_names_its_field():

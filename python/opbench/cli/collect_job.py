@@ -78,7 +78,7 @@ def config_path(argv: list[str]) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--config":
             if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
-                raise OpBenchError("--config: a file name is needed (a CollectJob as JSON)")
+                raise OpBenchError("--config: a file name is needed (a CollectJob as JSON, or TOML: job.toml)")
             return argv[i + 1]
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]

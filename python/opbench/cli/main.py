@@ -126,8 +126,8 @@ def _add_collect(sub: Any) -> None:
     o.add_argument("--point-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="a sweep point running longer is killed (and counted as failed)")
     o.add_argument("--config", default=None, metavar="FILE",
-                   help="the job as JSON (a CollectJob, opbench.pipeline.CollectJob: its fields are the defaults of "
-                        "these flags; flags given here override them)")
+                   help="the job as JSON or TOML (.toml; a CollectJob, opbench.pipeline.CollectJob: its fields are the "
+                        "defaults of these flags; flags given here override them)")
     p.set_defaults(func=cmd_collect)
 
 

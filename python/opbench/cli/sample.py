@@ -118,7 +118,7 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--export-database", default=None, metavar="DIR",
                    help="also write the records as MetaSchedule's JSONDatabase in DIR (new, empty, or one already)")
     o.add_argument("--config", default=None, metavar="FILE",
-                   help="the job as JSON (a SampleJob; flags given here override its fields)")
+                   help="the job as JSON or TOML (.toml; a SampleJob; flags given here override its fields)")
     add_json_flag(o, "the summary")
     p.set_defaults(func=cmd_sample)
 

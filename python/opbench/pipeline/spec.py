@@ -36,7 +36,7 @@ class Spec:
 
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON-ready data (tuples become lists)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        return json.loads(json.dumps(dataclasses.asdict(self), default=_plain))
 
     @classmethod
     def from_json(cls: type[S], data: dict[str, Any] | str) -> S:
@@ -59,12 +59,20 @@ class Spec:
 
     @classmethod
     def load(cls: type[S], path: str | Path) -> S:
-        """A spec from a JSON file (:meth:`save` writes one)."""
+        """A spec from a JSON file (:meth:`save` writes one), or a TOML file (``.toml``: the same fields, a
+        nested spec as a table; a field left out keeps its default, TOML having no null)."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise OpBenchError(f"cannot read spec file {str(path)!r}: {getattr(err, 'strerror', None) or err}") \
                 from None
+        if Path(path).suffix.lower() == ".toml":
+            import tomllib
+
+            try:
+                return cls.from_json(tomllib.loads(text))
+            except tomllib.TOMLDecodeError as err:
+                raise SpecError("spec", f"not TOML ({err})") from None
         return cls.from_json(text)
 
     def save(self, path: str | Path) -> None:
@@ -73,6 +81,13 @@ class Spec:
 
     def validate(self) -> None:
         """Check every field (subclasses); raise :class:`SpecError` naming the first bad one."""
+
+
+def _plain(value: Any) -> Any:
+    """A path as its text; anything else that JSON cannot hold is an error naming its type."""
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"a {type(value).__name__} does not go to JSON (give its name instead)")
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:

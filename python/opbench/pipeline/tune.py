@@ -34,6 +34,7 @@ from ..runtime.target import tuning_target
 from ..tune import get_tuner
 from .collect import measurement_key
 from .runs import recorded_run
+from .spec import Spec, SpecError, check_positive
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def _task_latency(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 @dataclasses.dataclass(frozen=True)
-class TuneSpec:
+class TuneSpec(Spec):
     """How a model is tuned (``collect --iftune``'s knobs, one object).
 
     Attributes
@@ -132,7 +133,8 @@ class TuneSpec:
     database:
         The tuning database folder (MetaSchedule's JSON files; one tuning run at a time).
     tuner:
-        A tuner's name (:data:`opbench.tune.TUNERS`) or a :class:`~opbench.tune.tuners.Tuner` (a pretrained one).
+        A tuner's name (:data:`opbench.tune.TUNERS`), or from Python a :class:`~opbench.tune.tuners.Tuner`
+        (a pretrained one; such a spec does not go to JSON).
     trials:
         Measured candidates per task.
     tasks_limit:
@@ -141,11 +143,23 @@ class TuneSpec:
         Seconds of tuning after which no new task starts (a re-run continues).
     """
 
-    database: str | Path
+    database: str | Path = "data/opbench.tuning"
     tuner: Any = "xgb"
     trials: int = 64
     tasks_limit: int | None = None
     time_limit_s: float | None = None
+
+    def validate(self) -> None:
+        """Check every field (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..tune.tuners import TUNERS
+
+        if isinstance(self.tuner, str) and self.tuner not in TUNERS:
+            raise SpecError("tuner", f"unknown tuner {self.tuner!r} (accepted: {', '.join(TUNERS)})")
+        check_positive(self, ("trials", "tasks_limit"))
+        if self.time_limit_s is not None and not 0 < self.time_limit_s < float("inf"):
+            raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
+        if not str(self.database).strip():
+            raise SpecError("database", "a folder is needed")
 
 
 def tune_and_measure(workload: Workload, target: Any, dataset: Dataset, options: Any, tune: TuneSpec,
@@ -256,6 +270,7 @@ def tune_workload(workload: Workload, target: Any, dataset: Dataset, tune: TuneS
     """
     from ..tune.database import database_lock
 
+    tune.validate()
     tune = dataclasses.replace(tune, tuner=get_tuner(tune.tuner), database=Path(tune.database))
     if tune.trials < 1:
         raise OpBenchError(f"--trials must be a positive integer, got {tune.trials}")
