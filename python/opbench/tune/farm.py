@@ -337,7 +337,7 @@ def calls_per_sample(per_call: Callable[[int], float], timing: Timing) -> tuple[
     short kernel (its launch is not hidden behind the previous one's execution: on the H100 a kernel of a few
     microseconds timed 2.7x its steady time), so the number it suggests is checked with one sample of that
     many calls and chosen again from it, until it settles. In the H100 records whose number came from one
-    call, the unsteady ones' samples lasted 0.7 ms at the median against 2 ms asked for, and 53 % of the
+    call, the unsteady ones' samples lasted 0.75 ms at the median against 2 ms asked for, and 53 % of the
     records with samples under 1.5 ms had a spread within 3 %, against 96 % of those with longer samples.
     With ``flush_l2`` every sample is one call (after a flush).
     """
