@@ -50,3 +50,21 @@ def test_an_alias_is_accepted_but_not_listed():
     assert registry.create("uno") == 1 and "uno" in registry and registry.kinds() == ["one"]
     for kind in SOURCE_KINDS.kinds():
         assert get_source(kind).name == kind
+
+
+def test_each_create_names_its_built_in_kinds_as_a_literal():
+    """``Base.create(kind)`` annotates ``kind`` with a ``Literal`` of exactly the kinds its registry has
+    built in (a kind added to one and not the other fails here)."""
+    import typing
+
+    from opbench.models import SOURCE_KINDS, ModelSource
+    from opbench.profile.base import PROFILER_KINDS, Profiler
+    from opbench.runtime.backend import BACKEND_KINDS, KernelBackend
+    from opbench.schedule import SCHEDULER_KINDS, Scheduler
+    from opbench.tune.tuners import TUNER_KINDS, Tuner
+
+    for base, registry in ((Scheduler, SCHEDULER_KINDS), (Profiler, PROFILER_KINDS), (Tuner, TUNER_KINDS),
+                           (ModelSource, SOURCE_KINDS), (KernelBackend, BACKEND_KINDS)):
+        hint = typing.get_type_hints(base.create)["kind"]
+        literal = next(a for a in [hint, *typing.get_args(hint)] if typing.get_origin(a) is typing.Literal)
+        assert list(typing.get_args(literal)) == registry.kinds(registered=True), base.__name__

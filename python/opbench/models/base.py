@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from ..utils import digest, join_names, numpy_dtype
 
 #: the precisions a model can be measured in (its weights, activations and floating-point inputs)
 DTYPES = ("float32", "float16", "bfloat16")
+#: the built-in model sources :meth:`ModelSource.create` makes (a user may register more)
+SourceKind = Literal["local", "simple", "remoteonnx", "transformers"]
 _DTYPE_NAMES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 
 
@@ -141,8 +143,8 @@ class ModelSource:
     dtypes: tuple[str, ...] = DTYPES
 
     @staticmethod
-    def create(kind: str) -> ModelSource:
-        """A registered source by name or alias: ``local``, ``simple``, ``remoteonnx``, ``transformers``."""
+    def create(kind: SourceKind | str) -> ModelSource:
+        """A registered source by name or alias: the built-in :data:`SourceKind`, or one a user registered."""
         from . import get_source
 
         return get_source(kind)

@@ -14,11 +14,14 @@ The collection job (:mod:`opbench.pipeline.collect`) only talks to this interfac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import OpBenchError
 from ..registry import Registry
 from .timer import Timing, TimingConfig, time_evaluator
+
+#: the kinds :meth:`Profiler.create` makes
+ProfilerKind = Literal["local", "cuda", "rpc"]
 
 
 class Profiler:
@@ -37,7 +40,7 @@ class Profiler:
     corun_limit = 0
 
     @staticmethod
-    def create(kind: str, **options: Any) -> Profiler:
+    def create(kind: ProfilerKind, **options: Any) -> Profiler:
         """A profiler by name, as MetaSchedule's ``Runner.create`` makes a runner: ``local``
         (``time_evaluator`` on this machine), ``cuda`` (CUDA Graphs and events on this machine's GPU;
         ``corun_k``, ``corun_limit``) or ``rpc`` (remote devices; ``spec``, an

@@ -8,7 +8,7 @@ launch on PyTorch's current stream on the GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import OpBenchError
 from ..registry import Registry
@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the names of the backends are read by the command line's he
     from .kernels import OperatorKernels
 
 #: the kinds :meth:`KernelBackend.create` makes (``fused`` registers itself when first asked for)
-BACKENDS = ("tvm", "torch", "fused")
+BackendKind = Literal["tvm", "torch", "fused"]
+BACKENDS: tuple[str, ...] = get_args(BackendKind)
 
 
 def _register_fused() -> None:
@@ -59,7 +60,7 @@ class KernelBackend:
         return BACKEND_KINDS.factory(kind)  # type: ignore[return-value]
 
     @staticmethod
-    def create(kind: str, *args: Any, **options: Any) -> KernelBackend:
+    def create(kind: BackendKind, *args: Any, **options: Any) -> KernelBackend:
         """A backend by name, as MetaSchedule's ``Runner.create`` makes a runner: ``tvm`` takes the
         operator kernels and the inputs (``TVMBackend(kernels, inputs, resources)``), ``torch`` a model
         and its inputs (``TorchBackend(model, inputs, fold_bn=, trace=, merge=)``), ``fused`` a model and

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import OpBenchError
 from ..ir.dag import DAG, edges_of, transitive_reduction
@@ -292,6 +292,7 @@ def from_stages(name: str, graph: DAG, stages: list[list[list[int]]], meta: dict
 
 
 #: the scheduling policies by name (registered by :mod:`opbench.schedule`)
+SchedulerKind = Literal["sequential", "greedy", "nimble", "opara", "ios"]
 SCHEDULER_KINDS: Registry[Scheduler] = Registry("scheduler")
 
 
@@ -304,7 +305,7 @@ class Scheduler:
     name = ""
 
     @staticmethod
-    def create(kind: str, **options: Any) -> Scheduler:
+    def create(kind: SchedulerKind, **options: Any) -> Scheduler:
         """A scheduler by name (``sequential``, ``greedy``, ``nimble``, ``opara``, ``ios``) with its
         constructor's options."""
         return SCHEDULER_KINDS.create(kind, **options)

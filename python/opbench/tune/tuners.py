@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import OpBenchError
 from ..registry import Registry, constant
+
+#: the tuners :meth:`Tuner.create` makes (:data:`TUNERS` holds each one's configuration)
+TunerKind = Literal["xgb", "xgb-rank", "xgb_knob", "xgb_itervar", "xgb_curve", "ga", "random", "gridsearch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Tuner:
     cost_model: Callable[[], Any]
 
     @staticmethod
-    def create(kind: str) -> Tuner:
+    def create(kind: TunerKind) -> Tuner:
         """A tuner by name: ``xgb``, ``xgb-rank``, ... (:data:`TUNERS`)."""
         return TUNER_KINDS.create(kind)
 
