@@ -236,6 +236,31 @@ def pretrained(args: argparse.Namespace) -> dict:
     return out
 
 
+def noise_ceiling(folder: str, tasks: set[str]) -> dict:
+    """How many pairs of a task's built candidates differ by less than their repeat spread ((max - min) /
+    median of either one's samples): their measured order is a coin's, so a perfect model's pairwise
+    accuracy is at most ``1 - share / 2`` on these records."""
+    from collections import defaultdict
+
+    import numpy as np
+
+    from opbench.dataset import records as folder_rows
+
+    by_task = defaultdict(list)
+    for r in folder_rows.read_rows(folder):
+        if r["workload_id"] in tasks and r["build_status"] == "ok" and r["latency_median_s"]:
+            by_task[r["workload_id"]].append((float(r["latency_median_s"]), float(r.get("spread") or 0.0)))
+    pairs = close = 0
+    for rows in by_task.values():
+        lat, spread = np.array(rows).T
+        i, j = np.triu_indices(len(lat), 1)
+        gap = np.abs(lat[i] - lat[j]) / np.minimum(lat[i], lat[j])
+        pairs += len(i)
+        close += int((gap < np.maximum(spread[i], spread[j])).sum())
+    share = close / pairs if pairs else 0.0
+    return {"pairs": pairs, "pairs_within_spread": share, "pairwise_ceiling": 1.0 - share / 2}
+
+
 def records(args: argparse.Namespace) -> dict:
     """The trials cost model on a records folder (``--records``): held-out models whose tasks no training
     model shares, by dtype, and a learning curve (each fold trained on at most N records)."""
@@ -255,12 +280,25 @@ def records(args: argparse.Namespace) -> dict:
     evaluate_s = time.perf_counter() - start
     m = report["metrics"]
     print(f"held-out models: pairwise {m['pairwise']:.3f} top-1 {m['top1']:.3f} top-5 {m['top5']:.3f}", flush=True)
+    by_seed = []  # the same split dealt with other fold seeds, and MetaSchedule's own loss beside ours
+    for seed in sorted({int(x) for x in args.seeds.split(",") if x.strip()}):
+        for loss in trials.LOSSES:
+            got = report["metrics"] if (seed, loss) == (0, "rank") else \
+                trials.evaluate(tasks, "by_model", args.folds, seed, loss=loss)["metrics"]
+            by_seed.append({"seed": seed, "loss": loss, **{k: got[k] for k in ("pairwise", "top1", "top5")}})
+            print(f"  fold seed {seed}, loss {loss}: pairwise {got['pairwise']:.3f} top-1 {got['top1']:.3f} "
+                  f"top-5 {got['top5']:.3f}", flush=True)
     sizes = sorted({min(int(s), n) for s in args.curve.split(",")})
     curve = trials.learning_curve(tasks, sizes, "by_model", args.folds, 0)
     for point in curve:
         print(f"  trained on <= {point['records']}: pairwise {point['pairwise']:.3f} top-1 {point['top1']:.3f} "
               f"top-5 {point['top5']:.3f}", flush=True)
+    ceiling = noise_ceiling(args.records, {t["workload_id"] for t in tasks.values()})
+    print(f"pairs of a task closer than their repeat spread: {ceiling['pairs_within_spread']:.1%} "
+          f"(a perfect model scores at most {ceiling['pairwise_ceiling']:.3f} pairwise)", flush=True)
     return {"records": shown(args.records), "device_name": device, "excluded": sorted(skip), "tasks": len(tasks),
+            "model": "MetaSchedule XGBModel, pairwise loss inside each task (opbench.predict.trials)",
+            "noise": ceiling, "by_seed_and_loss": by_seed,
             "candidates": n, "models": sorted({m for t in tasks.values() for m in t["models"]}),
             "split": "by_model (a task shared by a held-out model and a training model is in neither side)",
             "folds": args.folds, "features_s": features_s, "evaluate_s": evaluate_s, **report,
@@ -275,6 +313,8 @@ def main() -> int:
                         help="--part records: models left out with every task they use (tuned later with the "
                              "pretrained model)")
     parser.add_argument("--folds", type=int, default=5, help="--part records: folds over the models")
+    parser.add_argument("--seeds", default="0,1,2", help="--part records: fold seeds, each evaluated with both "
+                        "losses (the ranking loss and MetaSchedule's squared error)")
     parser.add_argument("--curve", default="1000,3000,100000000",
                         help="--part records: training sizes of the learning curve (records per fold)")
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")

@@ -122,3 +122,48 @@ def test_held_out_models_share_no_model_and_no_task_with_training(records_slice,
     again, _ = trials.trial_examples(str(path), task_modules)
     assert all((again[k]["xs"][0] == tasks[k]["xs"][0]).all() for k in tasks)
     assert shared <= {f"{t['workload_id']}/{t['task']}" for t in again.values()}
+
+
+def test_ranking_pairs_stay_inside_a_task_and_weigh_how_far_apart_they_are():
+    import numpy as np
+
+    from opbench.predict.trials import RANK_PAIRS, task_pairs
+
+    ys = np.array([1.0, 0.5, 1.0, 1.0, 0.25, 0.0])
+    i, j, weight = task_pairs([3, 3], ys)
+    pairs = {(int(a), int(b)): round(float(w), 3) for a, b, w in zip(i, j, weight, strict=True)}
+    # (0, 2) are equally fast: no pair; (3, 4) is 4x apart: weight capped at 1; a failed candidate counts 1
+    assert pairs == {(0, 1): 0.693, (1, 2): 0.693, (3, 4): 1.0, (3, 5): 1.0, (4, 5): 1.0}
+    big = np.linspace(1.0, 0.1, 3 * RANK_PAIRS)
+    i, j, _ = task_pairs([2, len(big)], np.r_[1.0, 0.5, big])
+    assert len(i) <= 1 + RANK_PAIRS * len(big) and ((i < 2) == (j < 2)).all()  # sampled, never across tasks
+    with pytest.raises(ValueError, match="4 speeds for tasks of 5 candidates"):
+        task_pairs([2, 3], ys[:4])
+
+
+def test_the_ranking_model_learns_each_tasks_own_order():
+    """Two tasks ordered by different features (the first by one, faster when larger; the second by
+    another, faster when smaller): the model ranks each task's candidates in that task's order, and the
+    saved predictor's cost model scores them as the trained one does."""
+    import numpy as np
+
+    from opbench.predict.trials import FEATURE_WIDTH, TrialsPredictor, fit_xgb
+
+    rng = np.random.default_rng(0)
+    tasks = []
+    for t in range(2):
+        xs, latency = [], []
+        for k in range(12):
+            x = rng.uniform(0, 1, (1, FEATURE_WIDTH)).astype("float32")  # features that tell nothing
+            x[0, 0], x[0, 1] = (k, t) if t == 0 else (rng.uniform(0, 12), t)
+            x[0, 2] = k if t == 1 else rng.uniform(0, 12)
+            xs.append(x)
+            latency.append(1.0 / (k + 1) if t == 0 else float(k + 1))
+        tasks.append({"xs": xs, "latency": np.array(latency), "group_hash": f"task{t}"})
+    model = fit_xgb(tasks)
+    for t in tasks:
+        score = model._predict(xs=t["xs"])  # noqa: SLF001
+        assert list(np.argsort(-score)) == list(np.argsort(t["latency"]))  # fastest first, in each task
+    loaded = TrialsPredictor.fit(tasks).cost_model()
+    assert type(loaded) is type(model) and loaded.data_size == 24
+    assert np.allclose(loaded._predict(xs=tasks[0]["xs"]), model._predict(xs=tasks[0]["xs"]))  # noqa: SLF001

@@ -1,8 +1,12 @@
 """Tuning-trial predictor: rank a task's candidate schedules (TenSet's setting).
 
 Each stored trial (a MetaSchedule trace) is replayed on its task's module, and MetaSchedule's own
-feature extractor (``PerStoreFeature``) describes it; MetaSchedule's ``XGBModel`` learns the
-candidate's speed relative to its task's best (``best / latency``). The task modules come from
+feature extractor (``PerStoreFeature``) describes it. The model is MetaSchedule's ``XGBModel`` (trees
+over each buffer store's features, a candidate's score the sum over its stores) with one change, its
+loss (:func:`ranking_model`): instead of a squared error on the candidate's speed relative to its
+task's best (``best / latency``), a pairwise logistic loss between candidates *of the same task*, each
+pair weighted by how far apart the two are (``|log latency ratio|``, at most 1), since only the order
+inside a task is used and speeds of different tasks are not comparable. The task modules come from
 re-extracting the model each trial row names (its ``workload`` column; the caller does that, see
 :func:`opbench.pipeline.train.task_modules`), so the dataset needs no copy of them.
 
@@ -13,6 +17,7 @@ round and retrains on old and new measurements together as tuning goes on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -30,7 +35,7 @@ from ..dataset import json_value, row_dtype
 from ..errors import OpBenchError
 from ..utils import cache_root, digest, written_whole
 from .base import Predictor, dataset_rows, target_kind
-from .metrics import by_group, pairwise, r2, rmse, top_k
+from .metrics import by_group, pairwise, top_k
 from .splits import check_split, folds, group_label
 
 log = logging.getLogger(__name__)
@@ -216,25 +221,113 @@ XGB_PARAMS = {"max_depth": 6, "eta": 0.1, "min_child_weight": 1.0}
 FEATURE_WIDTH = 164
 
 
-def _xgb_model(seed: int = 0) -> Any:
+#: boosting rounds of the ranking loss (no early stopping: the training loss of a ranking keeps falling);
+#: on the shipped records' held-out models 150 / 300 / 600 rounds gave pairwise 0.772 / 0.774 / 0.774
+RANK_ROUNDS = 300
+#: a task's pairs: all of them up to this many candidates, above it this many random pairs per candidate
+RANK_PAIRS = 64
+
+
+def task_pairs(sizes: Sequence[int], ys: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The training pairs of the ranking loss: indices ``i, j`` into the candidates (tasks laid end to end,
+    ``sizes`` candidates each) of two candidates of the same task whose normalised speeds ``ys`` differ,
+    and each pair's weight, ``|log(ys[i] / ys[j])|`` capped at 1 (a failed candidate, speed 0, counts 1).
+    A task of more than ``2 * RANK_PAIRS + 1`` candidates gives ``RANK_PAIRS`` random pairs per candidate."""
+    rng = np.random.default_rng(seed)
+    first, second = [], []
+    start = 0
+    for m in sizes:
+        if m * (m - 1) // 2 <= RANK_PAIRS * m:
+            a, b = np.triu_indices(m, 1)
+        else:
+            a, b = rng.integers(0, m, RANK_PAIRS * m), rng.integers(0, m, RANK_PAIRS * m)
+        first.append(a + start)
+        second.append(b + start)
+        start += m
+    i = np.concatenate(first) if first else np.zeros(0, "int64")
+    j = np.concatenate(second) if second else np.zeros(0, "int64")
+    if start != len(ys):
+        raise ValueError(f"{len(ys)} speeds for tasks of {start} candidates")
+    keep = ys[i] != ys[j]
+    i, j = i[keep], j[keep]
+    with np.errstate(divide="ignore"):
+        weight = np.minimum(np.abs(np.log(np.maximum(ys[i], 0.0)) - np.log(np.maximum(ys[j], 0.0))), 1.0)
+    return i, j, weight
+
+
+@functools.cache
+def ranking_model() -> type:
+    """MetaSchedule's ``XGBModel`` trained with the pairwise ranking loss inside each task (module docstring).
+
+    Its training data are MetaSchedule's: one ``FeatureGroup`` per task in ``data``, laid end to end in
+    ``_train`` (as ``XGBModel.update`` does when it retrains during tuning), so that pairs never cross tasks.
+    Predicting is ``XGBModel``'s (a score per candidate: higher is faster)."""
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
+
+    class TaskRankXGBModel(XGBModel):
+        def _train(self, xs: list[np.ndarray], ys: np.ndarray) -> None:  # noqa: N803 (MetaSchedule's names)
+            import xgboost as xgb
+
+            sizes = [len(g.features) for g in self.data.values()]
+            if sum(sizes) != len(xs):  # not the groups' data: one task
+                sizes = [len(xs)]
+            ys = np.nan_to_num(np.asarray(ys, dtype="float64"))
+            i, j, weight = task_pairs(sizes, ys, self.config.seed)
+            if not len(i):  # no two candidates differ: nothing to rank
+                return
+            packed = PackSum(xs=xs, ys=None)
+            ids, n = packed.ids, len(ys)
+            sign = np.where(ys[i] > ys[j], 1.0, -1.0)
+
+            def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
+                score = np.bincount(ids, weights=preds, minlength=n)
+                p = 1.0 / (1.0 + np.exp(np.clip(sign * (score[i] - score[j]), -30, 30)))
+                grad, hess = np.zeros(n), np.zeros(n)
+                np.add.at(grad, i, -sign * p * weight)
+                np.add.at(grad, j, sign * p * weight)
+                curve = p * (1 - p) * weight
+                np.add.at(hess, i, curve)
+                np.add.at(hess, j, curve)
+                return grad[ids], np.maximum(hess[ids], 1e-6)
+
+            self.booster = xgb.train(self.config.to_dict(), packed.dmatrix, num_boost_round=RANK_ROUNDS,
+                                     obj=objective)
+
+    return TaskRankXGBModel
+
+
+#: the losses a trials model can train with: ``rank`` (the default, module docstring) or ``squared``
+#: (MetaSchedule's own: squared error on ``best / latency``, for comparison)
+LOSSES = ("rank", "squared")
+
+
+def _xgb_model(seed: int = 0, loss: str = "rank") -> Any:
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 
-    return XGBModel(extractor="per-store-feature", config=XGBConfig(seed=seed, nthread=None, **XGB_PARAMS),
-                    adaptive_training=True, verbose_eval=10**9)
+    if loss not in LOSSES:
+        raise OpBenchError(f"unknown loss '{loss}' of the trials model (accepted: {', '.join(LOSSES)})")
+    kind = ranking_model() if loss == "rank" else XGBModel
+    return kind(extractor="per-store-feature", config=XGBConfig(seed=seed, nthread=None, **XGB_PARAMS),
+                adaptive_training=True, verbose_eval=10**9)
 
 
-def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0) -> Any:
+def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0, loss: str = "rank") -> Any:
     """MetaSchedule's ``XGBModel`` holding the tasks' data (one feature group per task) and trained on it."""
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
 
-    model = _xgb_model(seed)
-    for t in tasks:
-        model.data[t["group_hash"]] = FeatureGroup(group_hash=t["group_hash"], features=list(t["xs"]),
-                                                   costs=t["latency"].astype("float32"))
+    model = _xgb_model(seed, loss)
+    for t in tasks:  # two tasks of one module (another target's) are one group, as in tuning
+        group = model.data.get(t["group_hash"])
+        if group is None:
+            model.data[t["group_hash"]] = FeatureGroup(group_hash=t["group_hash"], features=list(t["xs"]),
+                                                       costs=t["latency"].astype("float32"))
+        else:
+            group.append(list(t["xs"]), t["latency"].astype("float32"))
         model.data_size += len(t["xs"])
-    xs = [x for t in tasks for x in t["xs"]]
-    ys = np.concatenate([t["latency"].min() / t["latency"] for t in tasks])
+    xs = [x for g in model.data.values() for x in g.features]
+    ys = np.concatenate([g.min_cost / g.costs for g in model.data.values()])
     model._train(xs=xs, ys=ys)  # noqa: SLF001 (MetaSchedule's training entry)
     model.last_train_size = model.data_size
     return model
@@ -255,7 +348,7 @@ class TrialsPredictor(Predictor):
     @classmethod
     def fit(cls, tasks: Sequence[dict[str, Any]], seed: int = 0, meta: dict[str, Any] | None = None
             ) -> TrialsPredictor:
-        obj = cls({**(meta or {}), "features": "MetaSchedule PerStoreFeature",
+        obj = cls({**(meta or {}), "features": "MetaSchedule PerStoreFeature", "loss": "pairwise inside each task",
                    "n_rows": sum(len(t["xs"]) for t in tasks), "tasks": len(tasks)})
         obj.set_model(fit_xgb(tasks, seed))
         return obj
@@ -323,7 +416,8 @@ def _labels(items: list[dict[str, Any]], entries: list[tuple[int, int]], split: 
 
 
 def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]], labels: list[Any], split: str,
-                    k: int, seed: int, limit: int | None = None) -> tuple[np.ndarray, list[int], list[dict[str, Any]]]:
+                    k: int, seed: int, limit: int | None = None, loss: str = "rank"
+                    ) -> tuple[np.ndarray, list[int], list[dict[str, Any]]]:
     """Held-out scores of every candidate (NaN where no fold tests it), each fold's training size, and what
     each fold trained and tested on (tasks and models); ``limit``: each fold trains on at most that many
     candidates, drawn at random from its training side."""
@@ -342,7 +436,7 @@ def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]],
                 for t, cs in chosen.items() if len(cs) >= MIN_TRIALS]
         if not part:
             continue
-        model = fit_xgb(part, seed)
+        model = fit_xgb(part, seed, loss)
         scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
         n_train.append(sum(len(p["xs"]) for p in part))
         tested = sorted({entries[i][0] for i in test})
@@ -359,10 +453,10 @@ def _ranking(items: list[dict[str, Any]], entries: list[tuple[int, int]], scores
     idx = np.flatnonzero(where)
     latency = np.array([items[entries[i][0]]["latency"][entries[i][1]] for i in idx])
     groups = [entries[i][0] for i in idx]
-    ratio = np.array([items[t]["latency"].min() / items[t]["latency"][c] for t, c in (entries[i] for i in idx)])
     weights = {t: items[t]["weight"] for t in set(groups)}
     sc = scores[idx]
-    return {"mape": None, "within_10pct": None, "rmse": rmse(ratio, sc), "r2": r2(ratio, sc),
+    # a score ranks a task's candidates and is no speed: no error against the speeds (rmse, r2)
+    return {"mape": None, "within_10pct": None, "rmse": None, "r2": None,
             "pairwise": pairwise(-latency, sc, groups), "top1": top_k(latency, sc, groups, 1, weights),
             "top5": top_k(latency, sc, groups, 5, weights), "tasks": len(set(groups)), "candidates": len(idx)}
 
@@ -378,13 +472,13 @@ def _entries(tasks: dict[tuple[str, str], dict[str, Any]], split: str) -> tuple[
     return items, entries, _labels(items, entries, split)
 
 
-def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0
-             ) -> dict[str, Any]:
+def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0,
+             loss: str = "rank") -> dict[str, Any]:
     """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task, overall and
     by dtype. With ``by_model``, a task that a held-out model shares with a training model is neither
     trained on nor tested in that fold (``untested`` counts the candidates no fold could test)."""
     items, entries, labels = _entries(tasks, split)
-    scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed)
+    scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed, loss=loss)
     tested = ~np.isnan(scores)
     dtypes = np.array([items[t]["dtype"] for t, _ in entries])
     metrics = _ranking(items, entries, scores, tested)
@@ -421,4 +515,4 @@ def learning_curve(tasks: dict[tuple[str, str], dict[str, Any]], sizes: Sequence
 
 
 __all__ = ["XGB_PARAMS", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_xgb",
-           "learning_curve", "target_for", "trial_examples", "trial_features"]
+           "learning_curve", "ranking_model", "target_for", "task_pairs", "trial_examples", "trial_features"]
