@@ -61,7 +61,9 @@ def metrics(args: argparse.Namespace) -> dict:
             for folds in (100, 5)]
     runs += [("latency", "by_model", "graph+launch", 5, seed) for seed in (1, 2)]
     runs += [("latency", "by_task", "graph+launch", 5, 0), ("latency", "within_task", "graph+launch", 5, 0),
-             ("corun", "by_model", "graph", 5, 0), ("corun", "by_task", "graph", 5, 0),
+             ("corun", "by_model", "graph", 5, 0), ("corun", "by_model", "graph", 5, 1),
+             ("corun", "by_model", "graph", 5, 2), ("corun", "by_model", "graph", 100, 0),
+             ("corun", "by_task", "graph", 5, 0),
              ("trials", "by_task", "graph", 5, 0), ("trials", "within_task", "graph", 5, 0)]
     out = {"dataset": shown(args.dataset), "results": []}
     for what, split, features, folds, seed in runs:

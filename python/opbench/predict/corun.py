@@ -2,8 +2,12 @@
 
 Two XGBoost regressions over :func:`opbench.predict.features.corun_features`:
 
-* ``concurrent``: ``log(concurrent time / sum of solo times)``; the group's time is that ratio
-  times the members' solo sum (solo times measured, or from a latency predictor);
+* ``concurrent``: ``log(concurrent time / longest solo time)``; the group's time is that ratio
+  times the members' longest solo time (solo times measured, or from a latency predictor). A group
+  takes between its longest member and the sum of its members; measured from the longest, the
+  held-out error on the shipped H100 rows fell from 13.7 % to 11.5 % MAPE (5 folds by model; 15.2 %
+  to 11.0 % one model out) against the ratio to the sum, which predictors saved before keep
+  (``meta["concurrent_over"]``, :data:`OVER_SUM`);
 * ``slowdown``: each member's ``log(slowdown)`` (its time in the group over its time alone) from its
   own share and the group's features.
 
@@ -27,6 +31,14 @@ from .metrics import by_group, pairwise, regression_metrics
 from .splits import check_split, folds, group_label
 
 MIN_GROUPS = 20
+#: what the ``concurrent`` booster's ratio is over: the longest solo time (since ``OVER_MAX``), or the
+#: solo sum (a predictor file without ``concurrent_over``)
+OVER_MAX, OVER_SUM = "max", "sum"
+
+
+def _reference(solo_s: Sequence[float], over: str) -> float:
+    """The solo time the ``concurrent`` ratio multiplies: the longest member's, or the members' sum."""
+    return float(max(solo_s)) if over == OVER_MAX else float(sum(solo_s))
 
 
 class CorunPredictor(Predictor):
@@ -42,13 +54,13 @@ class CorunPredictor(Predictor):
         for g in groups:
             feats = corun_features(g["members"], g["solo_s"], g["device_sms"])
             x.append(feats)
-            y.append(np.log(g["concurrent_s"] / sum(g["solo_s"])))
+            y.append(np.log(g["concurrent_s"] / _reference(g["solo_s"], OVER_MAX)))
             for member, solo, slow in zip(g["members"], g["solo_s"], g["slowdowns"] or [], strict=False):
                 if slow and slow > 0:
                     xm.append(member_features(feats, member, solo, g["solo_s"], g["device_sms"]))
                     ym.append(np.log(slow))
         obj = cls({**(meta or {}), "features": corun_feature_names(), "member_features": member_feature_names(),
-                   "n_rows": len(groups)})
+                   "n_rows": len(groups), "concurrent_over": OVER_MAX})
         obj.boosters["concurrent"] = xgb_regressor(np.array(x), np.array(y), rounds=300, seed=seed, max_depth=5)
         if xm:
             obj.boosters["slowdown"] = xgb_regressor(np.array(xm), np.array(ym), rounds=300, seed=seed, max_depth=5)
@@ -63,7 +75,12 @@ class CorunPredictor(Predictor):
                    device_sms: float | None = None) -> float:
         """Seconds the group takes together (without the members' slowdowns)."""
         feats = corun_features(members, solo_s, device_sms)
-        return float(np.exp(self.booster_predict("concurrent", np.array([feats]))[0]) * sum(solo_s))
+        return float(np.exp(self.booster_predict("concurrent", np.array([feats]))[0]) * _reference(solo_s, self.over))
+
+    @property
+    def over(self) -> str:
+        """What the ``concurrent`` ratio is over (:data:`OVER_MAX`; :data:`OVER_SUM` in older files)."""
+        return str(self.meta.get("concurrent_over", OVER_SUM))
 
     def predict_many(self, groups: Sequence[dict[str, Any]]) -> list[tuple[float, list[float]]]:
         """:meth:`predict` for many groups at once (one booster call each)."""
@@ -76,8 +93,8 @@ class CorunPredictor(Predictor):
                 owner.append(k)
         slow = (np.exp(self.booster_predict("slowdown", np.array(rows))) if "slowdown" in self.boosters and rows
                 else np.ones(len(rows)))
-        out: list[tuple[float, list[float]]] = [(float(r * sum(g["solo_s"])), []) for r, g in zip(ratio, groups,
-                                                                                                  strict=True)]
+        out: list[tuple[float, list[float]]] = [(float(r * _reference(g["solo_s"], self.over)), [])
+                                                for r, g in zip(ratio, groups, strict=True)]
         for k, s in zip(owner, slow, strict=True):
             out[k][1].append(float(s))
         return out
