@@ -150,8 +150,10 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _S
     baselines += compiled
     clock = time.perf_counter()
     regions = given.meta.get("regions") if given is not None and o.kernels == "fused" else None
+    merged = given.meta.get("merged") if regions is not None else None  # the saved cut names the merged nodes
     backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                            kernels=o.kernels, cut=o.cut, regions=regions)  # traced as compare --backend torch traces
+                            kernels=o.kernels, cut=o.cut, regions=regions,  # traced as compare --backend torch traces
+                            merged=[list(g) for g in merged] if merged else None)
     phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if o.kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
@@ -284,9 +286,10 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     :class:`~opbench.runtime.graphs.CompiledModel`), with the reason logged at INFO: never slower than
     a baseline it measured. Each takes the model's inputs and carries ``table`` (every row),
     ``build_s`` (seconds this call took), ``phases`` (where they went: ``torch_compile_s``,
-    ``regions_compile_s``, ...) and ``trace``. ``merge`` applies IOS's merge first (ATen kernels):
-    ``True`` or ``"all"`` merges every group of sibling convolutions, ``"ios"`` the groups where IOS's
-    dynamic programme finds merging faster (:func:`opbench.pipeline.compile.ios_merges`).
+    ``regions_compile_s``, ...) and ``trace``. ``merge`` applies IOS's merge first (ATen kernels, or the traced
+    graph before fused regions are cut): ``True`` or ``"all"`` merges every group of sibling convolutions,
+    ``"ios"`` the groups where IOS's dynamic programme finds merging faster
+    (:func:`opbench.pipeline.compile.ios_merges`).
     ``sm_partition="auto"`` also measures the best parallel schedule with SM partitions (CUDA green
     contexts: the critical path's stream keeps most SMs, the other branches share the rest; off with
     one INFO line where green contexts are missing). ``dtype`` (``float16``, ``bfloat16``, ``float32``)

@@ -119,8 +119,41 @@ def test_bad_kernels_and_cuts_are_one_line(block):
         capturer(x, model, kernels="bogus")
     with pytest.raises(OpBenchError, match="unknown region cut 'thin'"):
         torch_backend(model, [x], kernels="fused", cut="thin")
-    with pytest.raises(OpBenchError, match="IOS's merge applies to ATen kernels"):
-        torch_backend(model, [x], merge="all", kernels="fused")
+    with pytest.raises(OpBenchError, match=r"unknown merge 'some' \(accepted: none, all, ios"):
+        torch_backend(model, [x], merge="some", kernels="fused")
+
+
+@pytest.mark.parametrize("trace", ["fx", "export"])
+def test_sibling_convolutions_merge_before_the_cut_and_outputs_equal_the_model(block, trace):
+    """IOS's merge in fused regions: the block's two 3x3 convolutions of one input become one convolution in
+    the traced graph before it is cut (one conv2d fewer; each reads its channels of the merged output), the
+    outputs equal the model's under every schedule, and a saved cut of the merged graph is taken again."""
+    from opbench.ir.regions import fx_operator_dag
+    from opbench.ir.torch_graph import fx_module, merge_into_graph
+    from opbench.pipeline.compile import torch_backend
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import SCHEDULERS, get_scheduler
+
+    def convolutions(gm):
+        return sum(isinstance(gm.get_submodule(n.target), torch.nn.Conv2d) if n.op == "call_module"
+                   else "conv" in str(n.target) for n in fx_operator_dag(gm.graph)[0])
+
+    model, x = block
+    gm = fx_module(model, [x], trace)[0]
+    before = convolutions(gm)
+    merged = merge_into_graph(gm, [x])
+    assert len(merged) == 1 and len(merged[0]) == 2 and before == 4
+    assert convolutions(gm) == before - 1
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(gm(x), expected, rtol=1e-4, atol=1e-5)
+    backend = torch_backend(model, [x], kernels="fused", merge="all", trace=trace)
+    assert backend.merged_groups == merged and backend.schedule_meta()["merged"] == merged
+    for name in SCHEDULERS:
+        schedule = get_scheduler(name).schedule(backend.graph)
+        torch.testing.assert_close(ParallelExecutor(backend, schedule).run()[0], expected, rtol=1e-4, atol=1e-5)
+    again = torch_backend(model, [x], kernels="fused", trace=trace, regions=backend.regions, merged=merged)
+    assert again.cut == "saved" and again.regions == backend.regions and again.merged_groups == merged
 
 
 def test_the_blocks_cut_times_the_operators_and_merges_what_is_not_worth_splitting(block):
@@ -143,3 +176,17 @@ def test_the_blocks_cut_times_the_operators_and_merges_what_is_not_worth_splitti
     for b in (backend, merged):
         out = ParallelExecutor(b, get_scheduler("greedy").schedule(b.graph)).run()[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_capturer_merges_sibling_convolutions_in_fused_regions_and_takes_its_saved_schedule(block, tmp_path):
+    from opbench import capturer, optimize
+
+    model, x = block
+    plan = optimize(x, model, kernels="fused", merge="all", repeat=2, number=2, schedulers=["sequential", "greedy"])
+    assert plan.meta["merged"] and len(plan.meta["merged"][0]) == 2
+    plan.save(tmp_path / "s.json")
+    again = capturer(x, model, kernels="fused", merge="all", schedule=tmp_path / "s.json", repeat=2, number=2)
+    assert again.backend.cut == "saved" and again.backend.merged_groups == plan.meta["merged"]
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-5)

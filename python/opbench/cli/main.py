@@ -163,7 +163,8 @@ def _add_compare(sub: Any) -> None:
     k.add_argument("--merge", nargs="?", const="all", default="none", choices=("none", "all", "ios"),
                    help="IOS's merge first: convolutions reading the same input with the same kernel size, stride, "
                         "padding and dilation run as one, their output split (TVM: a Relax rewrite before "
-                        "lowering). all (the same as --merge alone): every such group; ios: the groups IOS's dynamic "
+                        "lowering; fused kernels: the traced graph, before it is cut). all (the same as --merge "
+                        "alone): every such group; ios: the groups IOS's dynamic "
                         "programme finds faster merged than concurrent (TVM: two more builds, every group merged "
                         "to time the merged kernels, then the chosen ones)")
     add_database_flag(k)

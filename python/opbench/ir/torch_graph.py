@@ -378,4 +378,42 @@ class TorchGraph:
             self.aliases.add(bn)
 
 
-__all__ = ["TRACERS", "TorchGraph", "aten_flops", "fx_module", "meta_tensors", "module_flops"]
+def merge_into_graph(gm: Any, inputs: Sequence[Any], groups: Sequence[Sequence[str]] | None = None
+                     ) -> list[list[str]]:
+    """IOS's merge written into a ``GraphModule``, in place: each group of sibling convolutions (those
+    :meth:`TorchGraph.sibling_groups` finds: the same input, kernel size, stride, padding and dilation,
+    one group, constant weights) becomes one ``torch.conv2d`` on their concatenated weights (a buffer of
+    ``gm``), and each former convolution's uses read its channels of the merged output
+    (``torch.narrow``), so everything after it is unchanged. A compiler that takes ``gm`` (Inductor) then
+    compiles one wider convolution where the model had several.
+
+    ``groups``: the groups to merge, by node name (two or more siblings each); None merges every group
+    whole. Returns the groups merged, by the names their convolutions had."""
+    import torch
+
+    traced = TorchGraph(gm, inputs, trace="graph", merge=True if groups is None else groups)
+    merged = traced.merged_groups
+    graph = gm.graph
+    for k, (members, x, weight, bias, (stride, padding, dilation), splits) in enumerate(traced.merged.values()):
+        gm.register_buffer(f"opbench_merged_weight{k}", weight.detach().clone())
+        if bias is not None:
+            gm.register_buffer(f"opbench_merged_bias{k}", bias.detach().clone())
+        with graph.inserting_before(members[0]):
+            w = graph.get_attr(f"opbench_merged_weight{k}")
+            b = graph.get_attr(f"opbench_merged_bias{k}") if bias is not None else None
+            out = graph.call_function(torch.conv2d, (x, w, b, stride, padding, dilation, 1))
+            start = 0
+            for member, width in zip(members, splits, strict=True):
+                part = graph.call_function(torch.narrow, (out, 1, start, width))
+                start += width
+                member.replace_all_uses_with(part)
+        for member in members:
+            graph.erase_node(member)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()  # the merged convolutions' own modules (a torch.fx trace)
+    return merged
+
+
+__all__ = ["TRACERS", "TorchGraph", "aten_flops", "fx_module", "merge_into_graph", "meta_tensors", "module_flops"]

@@ -75,7 +75,8 @@ def run_compare(job: CompareJob) -> CompareResult:
     with announced(f"loading {m.source} model {m.name} (batch {m.batch_size}{dtype})"):
         workload = m.load_workload()
     regions = schedule.meta.get("regions") if schedule is not None else None
-    backend_spec = dataclasses.replace(job.backend, regions=regions) if regions else job.backend
+    merged = schedule.meta.get("merged") if regions else None  # the saved cut names the merged graph's nodes
+    backend_spec = dataclasses.replace(job.backend, regions=regions, merged=merged or None) if regions else job.backend
     backend, baseline = model_backend(workload, target, backend_spec, job.database, m.seed)
     result = compare(backend, job.options, baseline)
     result.workload = workload

@@ -175,6 +175,9 @@ class BackendSpec(Spec):
         How fused regions are cut (``auto``: the branches; :data:`opbench.ir.regions.CUTS`).
     regions:
         A saved cut's regions (node names), used instead of cutting again.
+    merged:
+        A saved fused schedule's merged groups of sibling convolutions (node names, its
+        ``meta["merged"]``), merged again instead of choosing (the saved ``regions`` name their nodes).
     compiled:
         ``torch.compile`` baselines beside a torch model's own CUDA Graph (``None``: with fused kernels).
     trace:
@@ -188,6 +191,7 @@ class BackendSpec(Spec):
     merge: str = "none"
     cut: str = "auto"
     regions: tuple[tuple[str, ...], ...] | None = None
+    merged: tuple[tuple[str, ...], ...] | None = None
     compiled: bool | None = None
     trace: str = TORCH_TRACE
     repeat: int = 10
@@ -214,23 +218,31 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
     call) with IOS's merge applied as ``merge`` says (:data:`MERGE_MODES`: ``all`` merges every group of
     sibling convolutions, ``ios`` the groups :func:`ios_merges` picks, logged; ``backend.merged_groups``
     lists what was merged); ``kernels="fused"``, a :class:`~opbench.runtime.fused.FusedBackend` (regions
-    compiled by Inductor; ``cut`` or a saved cut's ``regions``; ``auto`` is the branches cut)."""
+    compiled by Inductor; ``cut`` or a saved cut's ``regions``; ``auto`` is the branches cut), with IOS's merge
+    written into the traced graph before the cut (``all``, or ``ios``: the groups :func:`ios_merges` picks on
+    the ATen kernels of the same trace; a saved schedule's ``merged`` groups again)."""
     o = overridden(spec or BackendSpec(), overrides, "torch_backend")
     mode = merge_mode(o.merge)
     repeat, number, trace, regions = o.repeat, o.number, o.trace, o.regions
     if check_kernels(o.kernels) == "fused":
-        if mode != "none":
-            raise OpBenchError("IOS's merge applies to ATen kernels (kernels='aten'); fused regions merge "
-                               "what Inductor fuses")
-        costs = None
-        if o.cut == "blocks" and regions is None:  # each traced operator alone, PyTorch's kernel
-            from ..ir.torch_graph import fx_module
-            from ..profile.schedule import alone_times
+        from ..ir.torch_graph import fx_module
+        from ..profile.schedule import alone_times
 
-            costs = alone_times(TorchBackend(fx_module(model, inputs, trace)[0], inputs, trace="graph"),
-                                repeat=min(repeat, 3), number=min(number, 5))
+        merge: bool | Sequence[Sequence[str]] = mode == "all"
+        if o.merged is not None:
+            merge = [list(g) for g in o.merged]
+        elif mode == "ios":
+            merge = ios_merges(TorchBackend(fx_module(model, inputs, trace)[0], inputs, trace="graph"),
+                               repeat=repeat, number=number)
+            log.info("merge: IOS merges %d group(s) of sibling convolutions before the cut: %s", len(merge),
+                     "; ".join("+".join(g) for g in merge) or "none")
+        costs = None
+        if o.cut == "blocks" and regions is None:  # each traced (and merged) operator alone, PyTorch's kernel
+            def costs(gm: Any) -> list[float]:
+                return alone_times(TorchBackend(gm, inputs, trace="graph"), repeat=min(repeat, 3),
+                                   number=min(number, 5))
         return KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
-                                    regions=regions, trace=trace, costs=costs)
+                                    regions=regions, trace=trace, costs=costs, merge=merge or False)
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
     if mode == "ios":
         chosen = ios_merges(backend, repeat=repeat, number=number)

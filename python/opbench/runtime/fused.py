@@ -7,7 +7,10 @@ submodule per region (``torch.fx.passes.split_module``) and compiles each with
 ``torch.compile(region, dynamic=False, fullgraph=True)``: Inductor's kernels, without CUDA Graphs
 of its own, so that the executor captures every region of every stream in one CUDA Graph.
 Regions of identical structure compile once (Inductor's graph cache, which also makes a second
-build in a new process fast). A region Inductor cannot compile runs its ATen operators, logged once.
+build in a new process fast). With ``merge``, IOS's merge is written into the traced graph before it is
+cut (:func:`opbench.ir.torch_graph.merge_into_graph`): sibling convolutions that read one input become
+one wider convolution that Inductor compiles into its region, so fewer and larger kernels run. A region
+Inductor cannot compile runs its ATen operators, logged once.
 To the schedulers and the executor the regions are ordinary operators: it is a
 :class:`~opbench.runtime.backend.TorchBackend` over the split graph.
 """
@@ -16,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
-from ..ir.torch_graph import fx_module
+from ..ir.torch_graph import fx_module, merge_into_graph
 from .backend import TorchBackend
 
 log = logging.getLogger(__name__)
@@ -49,12 +52,16 @@ class FusedBackend(TorchBackend):
     ----------
     cut:
         How to cut (:data:`opbench.ir.regions.CUTS`); ``blocks`` weighs ``costs``, each traced
-        operator's seconds (:func:`opbench.pipeline.compile.torch_backend` times them alone).
+        operator's seconds (:func:`opbench.pipeline.compile.torch_backend` times them alone), or a
+        callable that gives them for the traced (and merged) ``GraphModule``.
     regions:
         A cut made earlier, as lists of traced node names (a saved schedule's ``meta["regions"]``):
         no cut is computed.
     trace:
         ``auto`` (``torch.fx``, else ``torch.export``), ``fx`` or ``export``.
+    merge:
+        IOS's merge before the cut: ``True`` merges every group of sibling convolutions, a list of groups
+        (node names of the traced graph) those groups; a saved schedule's ``meta["merged"]`` again.
 
     Attributes
     ----------
@@ -64,13 +71,16 @@ class FusedBackend(TorchBackend):
         Seconds spent compiling the regions.
     fallbacks:
         Region name -> why it runs its ATen operators.
+    merged_groups:
+        The groups of sibling convolutions merged, by node name (empty without ``merge``).
     """
 
     name = "fused"
 
     def __init__(self, model: Any, inputs: Sequence[Any], cut: str = "branches",
                  regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
-                 costs: Sequence[float] | None = None, min_gain_s: float = 5e-6) -> None:
+                 costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
+                 merge: bool | Sequence[Sequence[str]] = False) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -78,7 +88,10 @@ class FusedBackend(TorchBackend):
         if cut not in CUTS:
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
         gm, self.source_trace = fx_module(model, inputs, trace)
+        self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         ops, preds = fx_operator_dag(gm.graph)
+        if callable(costs):
+            costs = costs(gm)
         if regions is not None:
             index = {n.name: i for i, n in enumerate(ops)}
             missing = [name for region in regions for name in region if name not in index]
@@ -122,8 +135,13 @@ class FusedBackend(TorchBackend):
                 op.flops = flops[op.var_name]
                 op.kind = "region"
 
+    @property
+    def merged_groups(self) -> list[list[str]]:
+        """The groups of sibling convolutions merged before the cut, by node name of the traced graph."""
+        return self._merged
+
     def schedule_meta(self) -> dict[str, Any]:
-        return {"kernels": self.name, "cut": self.cut, "regions": self.regions}
+        return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups}
 
     def _region_flops(self, gm: Any, inputs: Sequence[Any], cut_ops: list[list[int]]) -> dict[str, float]:
         """FLOPs of each region's call in the split graph, summed over its traced operators."""
