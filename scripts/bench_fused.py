@@ -160,6 +160,14 @@ def bench(name: str, batch: int, args) -> dict:
 
     timed = {"model graph": call(own), "torch.compile": call(compiled), "capturer aten": call(aten),
              "capturer fused": call(fused)}  # each through the call its user makes
+    if args.merge != "none":  # IOS's merge written into the traced graph before the cut
+        t = time.perf_counter()
+        merged = capturer(inputs, model, kernels="fused", merge=args.merge, repeat=args.repeat, number=args.number)
+        res["fused_merge_build_s"] = time.perf_counter() - t
+        res["fused_merge_groups"] = merged.backend.merged_groups
+        res["fused_merge_kept"] = next(r["schedule"] for r in merged.table if r["kept"])
+        res["fused_merge_critical_path_ms"] = critical_path(merged.backend, args.repeat, args.number)["chain_ms"]
+        timed["capturer fused + merge"] = call(merged)
     if combo is not None:
         timed["torch.compile + combo kernels"] = call(combo)
     res["ms"] = side_by_side(timed, args.rounds, args.number)
@@ -172,6 +180,8 @@ def bench(name: str, batch: int, args) -> dict:
     res["fused_vs_compile"] = ms["torch.compile"] / ms["capturer fused"]
     res["fused_vs_graph"] = ms["model graph"] / ms["capturer fused"]
     res["gap_to_critical_path"] = ms["capturer fused"] / bound["chain_ms"] - 1
+    if "capturer fused + merge" in ms:
+        res["merge_vs_fused"] = ms["capturer fused"] / ms["capturer fused + merge"]
     cold = Path(args.out) / "prebuild" / f"{name}_{batch}.json"
     if cold.exists():
         res["cold"] = json.loads(cold.read_text())
@@ -202,6 +212,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=15, help="alternating samples of each callable at the end")
+    parser.add_argument("--merge", default="none", choices=("none", "all", "ios"),
+                        help="also build and time capturer(kernels='fused', merge=...) side by side")
     parser.add_argument("--name", default="bench_fused.json")
     parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
     parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
