@@ -129,9 +129,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     sampled = f" ({result['n_sampled']} of them sampled operators, never held out)" if result.get("n_sampled") else ""
     print(f"\n{args.what} predictor, {args.split} split ({result['folds']} folds) on {result['device_name']}: "
           f"{result['n_test']} held-out items, {result['n_train']} training rows per fold{sampled}", file=out)
-    print(f"  MAPE {_pct(m['mape'])}  within ±10% {_pct(m['within_10pct'])}  RMSE {_num(m['rmse'], 4)}  "
-          f"R² {_num(m['r2'])}  pairwise {_num(m['pairwise'])}  top-1 {_num(m['top1'])}  top-5 {_num(m['top5'])}",
-          file=out)
+    shown = [("MAPE", _pct(m["mape"])), ("within ±10%", _pct(m["within_10pct"])), ("RMSE", _num(m["rmse"], 4)),
+             ("R²", _num(m["r2"])), ("pairwise", _num(m["pairwise"])), ("top-1", _num(m["top1"])),
+             ("top-5", _num(m["top5"]))]
+    print("  " + "  ".join(f"{name} {value}" for name, value in shown if value != "-"), file=out)  # those that apply
     if result.get("extra_metrics"):
         print("  " + "  ".join(f"{k} {_num(v)}" for k, v in result["extra_metrics"].items()), file=out)
     if args.what == "latency":
