@@ -81,3 +81,40 @@ def test_report_refuses_a_missing_dataset_before_making_its_folder(tmp_path):
     out = run("report", "--dataset", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "r"), script=False)
     assert out.returncode == 2 and "not found" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+RECORDS = ROOT / "data" / "dataset"
+
+
+@pytest.mark.skipif(not (RECORDS / "manifest.json").exists(), reason="the shipped records are not in this checkout")
+def test_report_on_the_shipped_records_draws_each_precision_and_the_learning_curve(tmp_path):
+    """A records folder gets its own figures: every record counted once by precision, and the learning
+    curve of a stored evaluation; without one the report says how to make it; a bad evaluation is one line,
+    exit 2, and no report folder."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    from opbench.dataset import records
+
+    evaluation = {"learning_curve": [{"n_train": 100, "pairwise": 0.6, "top1": 0.3, "top5": 0.8},
+                                     {"n_train": 1000, "pairwise": 0.7, "top1": 0.5, "top5": 0.9}],
+                  "noise": {"pairwise_ceiling": 0.9}}
+    (tmp_path / "eval.json").write_text(json.dumps(evaluation))
+    out = run("report", "--dataset", str(RECORDS), "--out", str(tmp_path / "r"), "--evaluation",
+              str(tmp_path / "eval.json"), "--json", str(tmp_path / "r.json"), script=False, timeout=300)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert len(re.findall("data:image/png;base64,", page)) == 3 and "Not drawn" not in page
+    summary = json.loads((tmp_path / "r.json").read_text())
+    rows = records.read_rows(RECORDS)
+    assert summary["counts"]["records"] == len(rows) == sum(v["records"] for v in summary["by_dtype"].values())
+    assert "with 1000 records per fold: pairwise 0.700" in page
+    bare = run("report", "--dataset", str(RECORDS), "--out", str(tmp_path / "b"), script=False, timeout=300)
+    assert bare.returncode == 0 and "Not drawn: no evaluation of the trials cost model" in \
+        (tmp_path / "b" / "index.html").read_text()
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for args, message in ((["--evaluation", str(tmp_path / "list.json")], "holds a JSON list"),
+                          (["--evaluation", str(tmp_path / "none.json")], "cannot read --evaluation")):
+        bad = run("report", "--dataset", str(RECORDS), "--out", str(tmp_path / "x"), *args, script=False)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "x").exists()

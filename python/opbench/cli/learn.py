@@ -83,7 +83,9 @@ def add_parsers(sub: Any) -> None:
                                    "stores (nothing is measured or trained): latency by operator kind, roofline, "
                                    "co-run speedups, predicted vs measured (the held-out predictions 'opbench train' "
                                    "stored), tuning curves, a stream timeline and the top operators. Needs matplotlib "
-                                   "(pip install opbench[report]).")
+                                   "(pip install opbench[report]). A records folder as --dataset (data/dataset) gets "
+                                   "its own figures: each record's latency over its task's best and the repeat "
+                                   "spread, by precision, and the trials cost model's learning curve (--evaluation).")
     p.add_argument("--dataset", default=None, help=f"dataset (default: $OPBENCH_DATASET or {default_dataset})")
     p.add_argument("--out", required=True, help="output folder")
     _device_name_flag(p)
@@ -94,6 +96,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--trace", default=None, metavar="FILE.json",
                    help="a measured trace ('opbench compare --trace') to draw as the timeline instead of a "
                         "simulation")
+    p.add_argument("--evaluation", default=None, metavar="FILE.json",
+                   help="with a records folder as --dataset (data/dataset): a stored evaluation of the trials cost "
+                        "model ('scripts/bench_predict.py --part records' writes predict_records.json) whose "
+                        "learning curve the report draws")
     add_predictor_flag(p, "the latency predictor whose held-out predictions (FILE.heldout.json, stored by "
                           "'opbench train --out FILE') the report draws; default: <dataset stem>.*.heldout.json "
                           "beside the dataset")
@@ -230,11 +236,16 @@ def cmd_report(args: argparse.Namespace) -> int:
                            ) from None
     check_output_path(args.json, "--json")
     index = write_report(dataset_path(args), args.out, device=args.device_name, schedule=args.schedule,
-                         schedule_model=args.schedule_model, predictor=args.predictor, trace=args.trace)
+                         schedule_model=args.schedule_model, predictor=args.predictor, trace=args.trace,
+                         evaluation=args.evaluation)
     summary = json.loads((index.parent / "report.json").read_text())
     c = summary["counts"]
-    print(f"report written to {index}: {c['workloads']} workloads, {c['operators']} operators, "
-          f"{c['corun_groups']} co-run groups, {c['trials']} trials", file=human(args))
+    if "records" in c:  # a records folder
+        print(f"report written to {index}: {c['records']} records ({c['ok']} ran) of {c['tasks_with_records']} "
+              f"tasks", file=human(args))
+    else:
+        print(f"report written to {index}: {c['workloads']} workloads, {c['operators']} operators, "
+              f"{c['corun_groups']} co-run groups, {c['trials']} trials", file=human(args))
     if args.json:
         write_json(args.json, summary)
     return 0
