@@ -153,7 +153,7 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _S
     merged = given.meta.get("merged") if regions is not None else None  # the saved cut names the merged nodes
     backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
                             kernels=o.kernels, cut=o.cut, regions=regions,  # traced as compare --backend torch traces
-                            merged=[list(g) for g in merged] if merged else None)
+                            merged=merged or None)
     phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if o.kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s

@@ -10,6 +10,7 @@ trained on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -43,12 +44,13 @@ class RecordsData:
         if not trials:
             raise OpBenchError(f"records folder '{folder}' holds no records")
         device = Counter(str(r.get("device_name") or r.get("gpu_name") or "-") for r in trials).most_common(1)[0][0]
-        return cls(Path(folder), device, trials, len(records.read_rows(folder, "tasks")), evaluation)
+        tasks = int(records.manifest(folder).get("tasks") or 0)  # the count the manifest keeps: no module is read
+        return cls(Path(folder), device, trials, tasks, evaluation)
 
-    @property
+    @functools.cached_property
     def ok(self) -> list[dict[str, Any]]:
         """The records that built and ran, with a latency."""
-        return [r for r in self.trials if r.get("build_status") == "ok" and r.get("latency_median_s")]
+        return [r for r in self.trials if _ran(r)]
 
     def by_dtype(self) -> dict[str, dict[str, Any]]:
         """Per precision: records, those that ran, tasks with records, the median spread and the steady share."""
@@ -57,7 +59,7 @@ class RecordsData:
         for r in self.trials:
             rows[row_dtype(r)].append(r)
         for dtype, group in sorted(rows.items()):
-            ran = [r for r in group if r.get("build_status") == "ok" and r.get("latency_median_s")]
+            ran = [r for r in group if _ran(r)]
             spreads = [float(r["spread"]) for r in ran if r.get("spread") is not None]
             out[dtype] = {"records": len(group), "ok": len(ran), "tasks": len({r["workload_id"] for r in group}),
                           "median_spread": float(np.median(spreads)) if spreads else None,
@@ -86,6 +88,11 @@ class RecordsData:
                 f"</b>: {c['records']} sampled tensor programs ({c['ok']} built and ran) of {c['tasks_with_records']} "
                 f"tasks ({c['tasks']} tasks stored).</p><table><tr><th>precision</th><th>records</th><th>ran</th>"
                 f"<th>tasks</th><th>median spread</th><th>spread &le; {STEADY:.0%}</th></tr>{rows}</table>")
+
+
+def _ran(row: dict[str, Any]) -> bool:
+    """Whether a record built and ran (it has a latency)."""
+    return row.get("build_status") == "ok" and bool(row.get("latency_median_s"))
 
 
 def _cdf(ax: Any, values_by_dtype: dict[str, list[float]]) -> None:
