@@ -6,12 +6,19 @@ A. The same sweep (models x batch sizes, one dtype) with ``opbench collect --dev
 B. Tuning of one model through a local TVM RPC tracker with one ``tvm.exec.rpc_server`` per GPU (each
    with ``CUDA_VISIBLE_DEVICES`` set, all with one key: :class:`opbench.profile.rpc.LocalFarm`), on 1
    server and on N: trials per second of each, and the sessions each server served.
+C. ``opbench sample`` of one job of the shipped collection (``scripts/collect_records.py``'s ``PLAN``,
+   resumed from ``--records``) with ``--devices 0`` and then with all the devices, ``--sample-seconds``
+   each: stored records per second (whole run and steady state), the builders' and each device's busy
+   fraction, the records each GPU (UUID) measured. ``--builders-per-device N`` gives each phase N
+   builders per measuring device (a one-GPU machine's share of the cores); 0 lets every core build in
+   both. The working dataset is packed into ``DIR/records.tar`` (the records folder, new records included).
 
 With ``--target llvm`` the "devices" are CPU workers on disjoint cores (A) and CPU servers (B), which
 checks the code path on any machine. Writes ``DIR/bench_multigpu.json``.
 
     PYTHONPATH=python python3 scripts/bench_multigpu.py --out DIR --devices 0,1 \\
         --models googlenet,resnet-18,resnet-50,mobilenet,squeezenet_v1.1,inception_v3 --batches 1,8
+    PYTHONPATH=python python3 scripts/bench_multigpu.py --out DIR --parts c --builders-per-device 15
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 from _cli import ROOT, run_opbench
 
 sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def sweep_rows(db: Path) -> dict:
@@ -93,6 +101,58 @@ def part_b(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
     return result
 
 
+def _by_gpu(dataset: Path, run_id: int | None) -> dict[str, int]:
+    """Records of one run per GPU UUID that measured them."""
+    if run_id is None or not dataset.exists():
+        return {}
+    with sqlite3.connect(dataset) as conn:
+        return {str(u): n for u, n in conn.execute("SELECT gpu_uuid, COUNT(*) FROM trials WHERE run_id=? "
+                                                     "GROUP BY gpu_uuid", (run_id,))}
+
+
+def part_c(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
+    from bench_sample import _quality, _rows
+    from collect_records import count, job_config, pack_into, prepare
+
+    dataset = Path(args.sample_dataset)
+    result: dict = {"job": args.sample_job, "seconds": args.sample_seconds, "unpacked": prepare(dataset,
+                                                                                                 Path(args.records))}
+    phases = [(str(len(d.split(","))), d.split(","), int(b)) for d, b in
+              (item.split(":") for item in args.sample_phases.split())] if args.sample_phases else \
+        [(label, subset, args.builders_per_device * len(subset))
+         for label, subset in (("1", devices[:1]), (str(len(devices)), devices))]
+    for label, subset, builders in phases:
+        tag = f"sample_{label}_{builders}"
+        job = job_config(args.sample_job, dataset, args.per_task, [int(d) for d in subset], builders)
+        if args.target != "cuda":
+            job["target"] = args.target
+        (out / f"{tag}.job.json").write_text(json.dumps(job))
+        before = count(dataset)
+        code, wall, _ = run_opbench(["sample", "--config", str(out / f"{tag}.job.json"), "--time-limit",
+                                     str(args.sample_seconds), "--json", str(out / f"{tag}.json"), "-q"], env,
+                                    out / f"{tag}.log", args.limit)
+        summary: dict = {}
+        try:
+            summary = json.loads((out / f"{tag}.json").read_text())
+        except (OSError, ValueError):
+            pass
+        run_id = summary.get("run_id")
+        rows = _rows(dataset, run_id) if run_id is not None else []
+        result[f"{label} device{'s' if label != '1' else ''}, {builders or 'all'} builders"] = {
+            "devices": subset, "exit": code, "wall_s": round(wall, 1), "builders": summary.get("builders"),
+            "stored": count(dataset) - before, "records_per_s": summary.get("records_per_s"),
+            "builder_busy": summary.get("builder_busy"), "device_busy": summary.get("device_busy"),
+            "seconds": summary.get("seconds"), "by_gpu_uuid": _by_gpu(dataset, run_id), **_quality(rows)}
+    done = [v for k, v in result.items() if k.endswith("builders")]
+    rates = [p.get("steady_records_per_s") for p in done[:2]]
+    result["speedup_steady"] = round(rates[1] / rates[0], 3) if len(rates) == 2 and all(rates) else None
+    runs = [p.get("records_per_s") for p in done[:2]]
+    result["speedup_run"] = round(runs[1] / runs[0], 3) if len(runs) == 2 and all(runs) else None
+    if args.target == "cuda":
+        result["records"] = pack_into(dataset, out)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="A sweep and a tuning run on 1 device and on several, side by side.")
     parser.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default: $OUT or out)")
@@ -105,7 +165,21 @@ def main() -> int:
     parser.add_argument("--tuner", default="xgb")
     parser.add_argument("--trials", type=int, default=32, help="trials per task (default: 32)")
     parser.add_argument("--tasks", type=int, default=4, help="tasks tuned (default: the 4 heaviest)")
-    parser.add_argument("--parts", default="a,b", help="a (sweep), b (tuning) or both (default: a,b)")
+    parser.add_argument("--parts", default="a,b,c", help="a (sweep), b (tuning), c (sampling), comma-separated "
+                        "(default: a,b,c)")
+    parser.add_argument("--sample-job", type=int, default=3, help="the job of collect_records.PLAN that part c "
+                        "samples (default: 3, the zoo at float32)")
+    parser.add_argument("--sample-seconds", type=float, default=170, help="part c: --time-limit of each phase")
+    parser.add_argument("--builders-per-device", type=int, default=0,
+                        help="part c: builders per measuring device (default 0: every core builds in both phases)")
+    parser.add_argument("--sample-phases", default=None, metavar="'DEVS:BUILDERS ...'",
+                        help="part c: its phases, e.g. '0:15 0,1:30 0:30' (default: the first device, then all, "
+                        "with --builders-per-device builders per device); speedups compare the first two")
+    parser.add_argument("--per-task", type=int, default=16, help="part c: candidates per task (default: 16)")
+    parser.add_argument("--records", default=str(ROOT / "data" / "dataset"), help="part c: the records folder "
+                        "its working dataset starts from")
+    parser.add_argument("--sample-dataset", default="/tmp/opbench-records/records.sqlite",
+                        help="part c: the working dataset (resumed when it exists)")
     parser.add_argument("--limit", type=float, default=1800, help="seconds per opbench command (default: 1800)")
     args = parser.parse_args()
     out = Path(args.out)
@@ -119,8 +193,12 @@ def main() -> int:
     if "b" in args.parts:
         summary["tuning"] = {"model": args.tune_model, "tuner": args.tuner, "trials_per_task": args.trials,
                              "tasks": args.tasks, **part_b(args, devices, out, env)}
-    (out / "bench_multigpu.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    print(json.dumps({k: v.get("speedup") if isinstance(v, dict) else v for k, v in summary.items()}, indent=1))
+    if "c" in args.parts:
+        summary["sampling"] = part_c(args, devices, out, env)
+    name = "bench_multigpu.json" if args.parts == "a,b,c" else f"bench_multigpu_{args.parts.replace(',', '')}.json"
+    (out / name).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    print(json.dumps({k: v.get("speedup", v.get("speedup_steady")) if isinstance(v, dict) else v
+                      for k, v in summary.items()}, indent=1))
     return 0
 
 

@@ -50,11 +50,51 @@ PLAN: list[dict] = [
 COMMON = {"target": "cuda", "per_task": 16, "seed": 0, "audit": 0.02}
 
 
-def _count(dataset: Path) -> int:
+def count(dataset: Path) -> int:
+    """The sampled records a working dataset holds."""
     if not dataset.exists():
         return 0
     with sqlite3.connect(dataset) as conn:
         return int(conn.execute("SELECT COUNT(*) FROM trials WHERE tuner='sample'").fetchone()[0])
+
+
+def prepare(dataset: Path, records: Path) -> dict | None:
+    """Unpack the records folder into the working dataset unless it exists; what was added, or None."""
+    from opbench.dataset import records as packed
+
+    dataset.parent.mkdir(parents=True, exist_ok=True)
+    if dataset.exists() or not (records / "manifest.json").is_file():
+        return None
+    added = packed.unpack(records, dataset)
+    print(f"unpacked {records}: {added}", flush=True)
+    return added
+
+
+def job_config(index: int, dataset: Path, per_task: int, devices: list[int] | None = None, builders: int = 0,
+               tasks_only: str | None = None) -> dict:
+    """Job ``index`` of :data:`PLAN` as a ``SampleJob`` (JSON fields)."""
+    job = {**COMMON, **PLAN[index], "per_task": per_task, "dataset": str(dataset), "builders": builders}
+    if devices:
+        job["devices"] = devices
+    if tasks_only:
+        job.update(tasks_only=True, target=json.dumps({"kind": "cuda", "arch": tasks_only}))
+    return job
+
+
+def pack_into(dataset: Path, out: Path) -> dict:
+    """Pack the working dataset into ``out/records.tar`` (a records folder); the manifest and its bytes."""
+    from opbench.dataset import records as packed
+
+    folder = out / "records"
+    manifest = packed.pack(dataset, folder)
+    with tarfile.open(out / "records.tar", "w") as tar:
+        for file in sorted(folder.iterdir()):
+            tar.add(file, arcname=file.name)
+    for file in folder.iterdir():
+        file.unlink()
+    folder.rmdir()
+    return {"manifest": {k: v for k, v in manifest.items() if k != "files"},
+            "bytes": sum(f["bytes"] for f in manifest["files"])}
 
 
 def main() -> int:
@@ -65,6 +105,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=520.0, help="seconds of sampling in this invocation")
     parser.add_argument("--per-task", type=int, default=COMMON["per_task"])
     parser.add_argument("--jobs", default=None, help="indices of PLAN to run, comma-separated (default: all)")
+    parser.add_argument("--devices", default=None, help="GPU indices measuring, comma-separated (default: one GPU)")
+    parser.add_argument("--builders", type=int, default=0, help="building processes (default 0: every core not "
+                                                               "measuring)")
     parser.add_argument("--tasks-only", default=None, metavar="ARCH",
                         help="extract and store the jobs' tasks for this CUDA arch (e.g. sm_90) and sample nothing: "
                              "a machine without the GPU prepares the collection, whose GPU time then loads no model")
@@ -73,33 +116,29 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dataset = Path(args.dataset)
-    dataset.parent.mkdir(parents=True, exist_ok=True)
-    records = Path(args.records)
-    from opbench.dataset import records as packed
-
-    summary: dict = {"budget_s": args.budget, "per_task": args.per_task, "jobs": []}
-    if not dataset.exists() and (records / "manifest.json").is_file():
-        summary["unpacked"] = packed.unpack(records, dataset)
-        print(f"unpacked {records}: {summary['unpacked']}", flush=True)
-    summary["records_before"] = _count(dataset)
+    devices = [int(d) for d in args.devices.split(",")] if args.devices else None
+    summary: dict = {"budget_s": args.budget, "per_task": args.per_task, "devices": devices,
+                     "builders": args.builders, "jobs": []}
+    unpacked = prepare(dataset, Path(args.records))
+    if unpacked is not None:
+        summary["unpacked"] = unpacked
+    summary["records_before"] = count(dataset)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     chosen = [int(i) for i in args.jobs.split(",")] if args.jobs else range(len(PLAN))
     for index in chosen:
         left = args.budget - (time.monotonic() - start)
         if left < 90:  # too little for a job's start (tasks from the dataset, workers) and some sampling
             break
-        job = {**COMMON, **PLAN[index], "per_task": args.per_task, "dataset": str(dataset)}
-        if args.tasks_only:
-            job.update(tasks_only=True, target=json.dumps({"kind": "cuda", "arch": args.tasks_only}))
+        job = job_config(index, dataset, args.per_task, devices, args.builders, args.tasks_only)
         config = out / f"job{index}.json"
         config.write_text(json.dumps(job))
-        before = _count(dataset)
+        before = count(dataset)
         # the job stops starting candidates at its time limit and measures what is built for at most 30 s more
         # (FarmConfig.drain_s); packing the records then takes seconds: the invocation stays within the budget
         code, wall, text = run_opbench(["sample", "--config", str(config), "--time-limit", f"{left - 50:.0f}",
                                         "--json", str(out / f"job{index}.summary.json"), "-q"], env,
                                        out / "collect.log", limit=left)
-        stored = _count(dataset) - before
+        stored = count(dataset) - before
         result = json.loads((out / f"job{index}.summary.json").read_text()) \
             if (out / f"job{index}.summary.json").exists() else {}
         for name in (f"job{index}.json", f"job{index}.summary.json"):
@@ -110,17 +149,8 @@ def main() -> int:
         print(f"job {index} {PLAN[index]}: exit {code}, {stored} new records in {wall:.0f} s", flush=True)
         if code != 0:
             print(text[-3000:], flush=True)
-    summary["records_after"] = _count(dataset)
-    folder = out / "records"
-    manifest = packed.pack(dataset, folder)
-    with tarfile.open(out / "records.tar", "w") as tar:
-        for file in sorted(folder.iterdir()):
-            tar.add(file, arcname=file.name)
-    for file in folder.iterdir():
-        file.unlink()
-    folder.rmdir()
-    summary["manifest"] = {k: v for k, v in manifest.items() if k != "files"}
-    summary["bytes"] = sum(f["bytes"] for f in manifest["files"])
+    summary["records_after"] = count(dataset)
+    summary.update(pack_into(dataset, out))
     summary["wall_s"] = round(time.monotonic() - start, 1)
     (out / "collect.json").write_text(json.dumps(summary, indent=1))
     print(f"records: {summary['records_before']} -> {summary['records_after']} "

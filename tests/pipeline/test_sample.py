@@ -71,6 +71,21 @@ def test_two_cpu_workers_split_the_measurements(sampled):
     assert set(busy) == {"cpu0", "cpu1"} and all(v > 0 for v in busy.values())
 
 
+def test_a_failed_build_is_stored_when_named_devices_measure(tmp_path):
+    """A candidate that fails to build reaches no device: with ``devices`` named (``--devices 0``, one
+    measuring process per GPU) its row is stored, with no device's UUID, and the job goes on."""
+    from opbench.pipeline.sample import SampleJob, sample
+
+    # a build is killed 1 ms after it starts once its builder is up (the first after a restart may finish)
+    job = SampleJob(models=("matmul:n=512",), source="simple", per_task=3, builders=1, devices=(0,), tasks_limit=1,
+                    build_timeout_s=1e-3, dataset=str(tmp_path / "ds.sqlite"))
+    result = sample(job, command="test")
+    rows = _trials(tmp_path / "ds.sqlite")
+    assert len(rows) == result.stored == 3 and result.stats.build_timeouts >= 1
+    failed = [r for r in rows if r["build_status"] == "build_timeout"]
+    assert len(failed) == result.stats.build_timeouts and all(r["gpu_uuid"] is None for r in failed)
+
+
 def test_the_export_loads_in_metaschedule_and_equals_the_rows(sampled):
     from tvm.s_tir.meta_schedule.database import JSONDatabase
 

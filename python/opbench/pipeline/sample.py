@@ -418,6 +418,9 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                         "target": canonical_target(target), "device_name": tags["device_name"], "dtype": sampled.dtype,
                         "task": task.name, "task_weight": sampled.weight, "tuner": "sample"}
 
+            # a candidate that failed to build reached no device (its record has none): no GPU's columns
+            unmeasured: dict[str, Any] = {"gpu_uuid": None}
+
             def sink(record: Record) -> None:
                 candidate = record.candidate
                 try:
@@ -432,7 +435,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                     "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
                     "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
                     "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
-                    "spread": record.spread, "build_s": record.build_s, **device_tags[record.device],
+                    "spread": record.spread, "build_s": record.build_s, **device_tags.get(record.device, unmeasured),
                     "measured_at": now()})
 
             def on_audit(task: FarmTask, candidate: Any, secs: list[float]) -> None:
