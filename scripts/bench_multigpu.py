@@ -77,12 +77,18 @@ def part_b(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
 
     result: dict = {}
     cpu = args.target == "llvm"
+    target = args.target
+    if not cpu:  # a remote GPU's architecture is not read through RPC: name this host's (its servers' GPUs)
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(int(devices[0]))
+        target = json.dumps({"kind": "cuda", "arch": f"sm_{major}{minor}"})
     for label, subset in (("1", devices[:1]), (str(len(devices)), devices)):
         tag = f"tune_{label}"
         servers = [None if cpu else d for d in subset]
         with LocalFarm("bench", servers, out / f"{tag}_farm") as farm:
             argv = ["collect", "--modelsource", "local", "--modelname", args.tune_model, "--dtype", args.dtype,
-                    "--target", args.target, "--dataset", str(out / f"{tag}.sqlite"), "--iftune", "true", "--tuner",
+                    "--target", target, "--dataset", str(out / f"{tag}.sqlite"), "--iftune", "true", "--tuner",
                     args.tuner, "--trials", str(args.trials), "--tune-tasks", str(args.tasks), "--rpc-tracker",
                     farm.address, "--rpc-key", "bench", "--json", str(out / f"{tag}.json"), "-q"]
             code, wall, _ = run_opbench(argv, env, out / f"{tag}.log", args.limit)

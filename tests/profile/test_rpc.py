@@ -153,3 +153,13 @@ def test_a_farm_whose_servers_do_not_register_is_one_line(tmp_path, monkeypatch)
     with pytest.raises(OpBenchError, match=r"local RPC farm: 0 of 2 servers registered with key 'k'"):
         with LocalFarm("k", [None, None], tmp_path / "farm", timeout=5):
             pass
+
+
+def test_a_gpu_server_does_not_fork_and_a_cpu_server_may():
+    """A server forked per session from a process that has used CUDA cannot use it (seen on H100s): GPU
+    servers start with --no-fork."""
+    from opbench.profile.rpc import server_args
+
+    gpu = server_args("127.0.0.1:9190", "h100", gpu=True)
+    assert gpu[:5] == ["tvm.exec.rpc_server", "--tracker", "127.0.0.1:9190", "--key", "h100"] and "--no-fork" in gpu
+    assert "--no-fork" not in server_args("127.0.0.1:9190", "cpu", gpu=False)

@@ -427,3 +427,18 @@ def test_options_as_one_object_and_keywords_beside_it(model_and_input):
         capturer(x, model, repeats=3)
     with pytest.raises(TypeError, match="optimize\\(\\) takes no trace"):
         optimize(x, model, trace="t.json")
+
+
+def test_a_dump_that_wrote_nothing_is_an_error(tmp_path):
+    """torch 2.11's ``debug_dump`` writes nothing for a graph whose template was not kept, silently:
+    ``CapturedGraph.dump`` says so instead of returning as if it had written the file."""
+    from opbench.errors import OpBenchError
+    from opbench.runtime.graphs import CapturedGraph
+
+    class Silent:  # a graph without raw_cuda_graph, whose debug_dump writes nothing
+        def debug_dump(self, path: str) -> None:
+            self.path = path
+
+    with pytest.raises(OpBenchError, match="CUDA wrote no graph"):
+        CapturedGraph(Silent()).dump(tmp_path / "graph.dot")
+    assert not (tmp_path / "graph.dot").exists()

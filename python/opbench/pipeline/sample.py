@@ -83,7 +83,7 @@ class SampleJob(Spec):
         A folder to write the records to as MetaSchedule's ``JSONDatabase`` too.
     rpc_tracker, rpc_key, rpc_workers:
         Measure on the devices that registered with TVM's RPC tracker (``HOST:PORT``) under ``rpc_key``
-        (one ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` per GPU on each host):
+        (one ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY --no-fork`` per GPU on each host):
         builds stay on this machine, each candidate's library is uploaded to a session's device and
         timed there. ``rpc_workers`` sessions measure at once (``None``: one per registered device).
     tasks_only:

@@ -1,7 +1,7 @@
 """Measurement on remote devices through TVM's RPC tracker.
 
 Devices register with a tracker under a key (``python -m tvm.exec.rpc_tracker`` and
-``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`` on each device). OpBench compiles
+``python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY --no-fork`` on each GPU). OpBench compiles
 here and measures there:
 
 * tuning: MetaSchedule's own ``RPCRunner`` measures every candidate, up to ``workers`` sessions at
@@ -196,6 +196,21 @@ class RemoteModule:
         return ""
 
 
+def _device_name(device: Any) -> str | None:
+    """A (remote) device's name. TVM reads a CUDA device's name through the driver API, which fails with
+    ``CUDA_ERROR_NOT_INITIALIZED`` in a server process that has not used CUDA yet: a one-byte buffer on the
+    device first makes its context."""
+    import tvm
+
+    with contextlib.suppress(Exception):
+        tvm.runtime.empty((1,), "uint8", device)
+    try:
+        return device.device_name
+    except Exception as err:  # the name is a label: the rows keep the kind and the key
+        log.debug("remote device name unavailable: %s", err)
+        return None
+
+
 class RPCProfiler(Profiler):
     """Times on a remote device of :class:`RPCSpec` (see the module docstring).
 
@@ -213,7 +228,7 @@ class RPCProfiler(Profiler):
         remote = self._device()
         if not remote.exist:
             raise OpBenchError(f"the device with key '{spec.key}' has no {self.kind} device")
-        self.device_name = f"{remote.device_name or self.kind} (rpc key {spec.key})"
+        self.device_name = f"{_device_name(remote) or self.kind} (rpc key {spec.key})"
         # what tuning reads from the device (MetaSchedule's GPU rules), kept for when no session is open
         self.remote = types.SimpleNamespace(
             **{a: getattr(remote, a) for a in ("max_threads_per_block", "max_shared_memory_per_block",
@@ -247,6 +262,16 @@ class RPCProfiler(Profiler):
         vm = built.vm()
         vm.set_input("main", *inputs)
         return time_evaluator(vm, "invoke_stateful", built.device, ["main"], config)
+
+
+def server_args(tracker: str, key: str, host: str = "127.0.0.1", gpu: bool = True) -> list[str]:
+    """The arguments of ``python -m`` that start one ``tvm.exec.rpc_server`` registered with ``tracker``.
+
+    A GPU's server runs with ``--no-fork``: by default the server forks a child for each session, and a
+    child forked from a process that has used CUDA cannot use it (``cudaErrorInitializationError`` at its
+    first allocation, ``CUDA_ERROR_NOT_INITIALIZED`` reading the device's name; seen on H100s)."""
+    return ["tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", host, "--port", "9090",
+            "--port-end", "9999", *(["--no-fork"] if gpu else [])]
 
 
 class LocalFarm:
@@ -298,8 +323,7 @@ class LocalFarm:
                 env = dict(os.environ) if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
                 log = self.log_dir / f"server{i}.log"
                 self.server_logs.append(log)
-                self._start(["tvm.exec.rpc_server", "--tracker", self.address, "--key", self.key, "--host",
-                             self.host, "--port", "9090", "--port-end", "9999"], log, env)
+                self._start(server_args(self.address, self.key, self.host, gpu=device is not None), log, env)
             self._wait()
         except BaseException:
             self.__exit__(None, None, None)
@@ -341,4 +365,4 @@ class LocalFarm:
         self._procs.clear()
 
 
-__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule", "tracker_address", "valid_key"]
+__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule", "server_args", "tracker_address", "valid_key"]

@@ -60,11 +60,35 @@ class CapturedGraph:
             self.graph.replay()
 
     def dump(self, path: str | Path) -> None:
-        """Write the graph's nodes and edges to ``path`` in Graphviz DOT (``torch.cuda.CUDAGraph.debug_dump``);
-        the graph must have been captured with ``keep=True`` (:func:`capture_graph`)."""
+        """Write the graph's nodes and edges to ``path`` in Graphviz DOT (CUDA's ``cudaGraphDebugDotPrint`` on
+        the kept template, through ``cuda-bindings`` when installed so that its error is seen; else
+        ``torch.cuda.CUDAGraph.debug_dump``); the graph must have been captured with ``keep=True``
+        (:func:`capture_graph`). An :class:`OpBenchError` when no file was written."""
         if self.graph is None:
             raise OpBenchError("the capture recorded no kernel: there is no CUDA Graph to dump")
-        self.graph.debug_dump(str(path))
+        target = str(path)
+        try:
+            from cuda.bindings import runtime
+        except ImportError:
+            runtime = None
+        raw = getattr(self.graph, "raw_cuda_graph", None)
+        if runtime is not None and raw is not None:
+            flags = runtime.cudaGraphDebugDotFlags.cudaGraphDebugDotFlagsVerbose
+            result = runtime.cudaGraphDebugDotPrint(raw(), target.encode(), flags)
+            err = result[0] if isinstance(result, tuple) else result
+            if err != runtime.cudaError_t.cudaSuccess:
+                raise OpBenchError(f"cudaGraphDebugDotPrint({target!r}) failed: {getattr(err, 'name', err)}")
+        else:
+            self.graph.debug_dump(target)
+        if not Path(target).is_file():
+            raise OpBenchError(f"CUDA wrote no graph to {target!r} (torch {_torch_version()}: its debug_dump keeps "
+                               "the graph only with keep_graph=True; install cuda-bindings for CUDA's own error)")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def like(inputs: Sequence[Any], static: Sequence[Any]) -> list[Any]:
@@ -109,8 +133,12 @@ def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = Non
             launch(side)
     origin.wait_stream(side)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    if keep:
+    # keep_graph=True retains the template for debug_dump (torch 2.11's enable_debug_mode alone does not);
+    # torch before keep_graph has only enable_debug_mode
+    try:
+        graph = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
+    except TypeError:
+        graph = torch.cuda.CUDAGraph()
         graph.enable_debug_mode()
     # cuBLAS keeps one workspace per stream. One allocated by the warm-up lives in the ordinary pool:
     # captured, the graph would keep using it after anyone frees it (torch.compile's CUDA Graphs
@@ -129,6 +157,8 @@ def capture_graph(launch: Callable[[Any], Any], warmup: int = 1, pool: Any = Non
             empty = True
         else:  # not ours to hide
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if keep and not empty and hasattr(graph, "instantiate"):  # a kept template is instantiated on request
+        graph.instantiate()
     torch.cuda.synchronize()
     return CapturedGraph(None if empty else graph, result)
 

@@ -606,8 +606,9 @@ class Farm:
                 worker.submit(self._id(), "build", config.build_timeout_s, mod=candidate.mod, target=task.target,
                               path=path, _context={"task": task, "candidate": candidate})
                 building += 1
-            # 3. measurers
-            for worker in measurers:
+            # 3. measurers: the least busy so far takes the next candidate (in a fixed order the first device
+            # took most of them: 1,354 against 408 records on two H100s whose builders were the limit)
+            for worker in sorted(measurers, key=lambda w: w.busy_s):
                 if not worker.idle or not built:
                     continue
                 item = built.popleft()
