@@ -63,3 +63,21 @@ def test_threads_take_turns_on_the_download_cache_index(tmp_path):
         for future in [pool.submit(work) for _ in range(4)]:
             future.result()
     assert not overlaps
+
+
+def test_a_folder_left_by_a_run_that_stopped_before_tuning_is_tuned_again(tmp_path):
+    """A tuning run that stopped after taking the lock and before MetaSchedule wrote a file (the RPC
+    device failed to open) leaves the folder with its lock alone: the next run tunes into it; a folder
+    with a database file that does not read is still refused, and reading one needs its files."""
+    from opbench.tune.database import check_database, database_lock
+
+    folder = tmp_path / "ds.tuning"
+    with database_lock(folder):
+        pass
+    assert folder.is_dir() and not (folder / "database_workload.json").exists()
+    check_database(folder, write=True)  # refused as "not a MetaSchedule JSON database" before
+    with pytest.raises(OpBenchError, match="not a MetaSchedule JSON database"):
+        check_database(folder, write=False)
+    (folder / "database_workload.json").write_text("not json\n")
+    with pytest.raises(OpBenchError, match="not a MetaSchedule JSON database"):
+        check_database(folder, write=True)

@@ -103,6 +103,9 @@ def check_database(folder: str | Path, write: bool) -> None:
         if write:  # a run that holds it may be writing it now: say so, rather than that it does not read
             with database_lock(folder):
                 pass
+        stored = [n for n in DATABASE_FILES if (folder / n).exists() or (folder / f"{n}.gz").exists()]
+        if write and not stored:  # new, or left by a run that stopped before tuning (its lock alone): tuning
+            return  # writes the files
         open_database(folder, create=False)  # a corrupt or foreign file is refused here
         return
     if not write:
