@@ -59,7 +59,8 @@ def sweep_rows(db: Path) -> dict:
 
 def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
     result: dict = {}
-    for label, subset in (("1", devices[:1]), (str(len(devices)), devices)):
+    runs = [("1", devices[:1]), (str(len(devices)), devices)]
+    for label, subset in runs if args.order == "1,N" else runs[::-1]:
         db = out / f"sweep_{label}.sqlite"
         argv = ["collect", "--modelsource", "local", "--modelname", args.models, "--batchsize", args.batches,
                 "--dtype", args.dtype, "--target", args.target, "--devices", ",".join(subset), "--dataset", str(db),
@@ -67,8 +68,9 @@ def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
         code, wall, _ = run_opbench(argv, env, out / f"sweep_{label}.log", args.limit)
         result[f"{label} device{'s' if label != '1' else ''}"] = {"exit": code, "wall_s": round(wall, 1),
                                                                    **sweep_rows(db)}
-    walls = [v["wall_s"] for v in result.values()]
-    result["speedup"] = round(walls[0] / walls[1], 3) if walls[1] else None
+    one, many = result["1 device"]["wall_s"], result[f"{len(devices)} devices"]["wall_s"]
+    result["order"] = args.order
+    result["speedup"] = round(one / many, 3) if many else None
     return result
 
 
@@ -171,6 +173,8 @@ def main() -> int:
     parser.add_argument("--tuner", default="xgb")
     parser.add_argument("--trials", type=int, default=32, help="trials per task (default: 32)")
     parser.add_argument("--tasks", type=int, default=4, help="tasks tuned (default: the 4 heaviest)")
+    parser.add_argument("--order", default="1,N", choices=["1,N", "N,1"],
+                        help="part a: which sweep runs first (the first pays cold caches; run both orders)")
     parser.add_argument("--parts", default="a,b,c", help="a (sweep), b (tuning), c (sampling), comma-separated "
                         "(default: a,b,c)")
     parser.add_argument("--sample-job", type=int, default=3, help="the job of collect_records.PLAN that part c "
