@@ -193,7 +193,7 @@ def test_json_to_stdout_with_run_and_environment(tmp_path):
                "--repeat", "2", "--min-repeat-ms", "1", "--json", "-")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)  # stdout is pure JSON; the table went to stderr
-    assert summary["run_id"] == 1 and summary["schema_version"] == 7
+    assert summary["run_id"] == 1 and summary["schema_version"] == 8
     env = summary["environment"]
     for tag in ("hostname", "cpu_model", "tvm_version", "llvm_version", "python_version", "target",
                 "thread_settings"):

@@ -42,7 +42,7 @@ def test_rows_written_and_read(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators").fetchone()[0] == 3
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "7" and meta["created_by"].startswith("opbench ")
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "8" and meta["created_by"].startswith("opbench ")
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "ok"
     with Dataset(path) as ds:
         rows = ds.rows("operators", {"workload_id": KEY["workload_id"]})
@@ -101,20 +101,20 @@ def test_v1_is_backed_up_and_migrated(tmp_path, caplog):
     _v1_file(path)
     before = sha(path)
     with caplog.at_level("WARNING", logger="opbench"), Dataset(path) as ds:
-        assert ds.schema_version() == 7
+        assert ds.schema_version() == 8
         (op,) = ds.rows("operators")
         (model,) = ds.rows("models")
     backup = tmp_path / "old.sqlite.v1-backup"
     assert sha(backup) == before  # the backup is the original, byte for byte
     assert [r.message for r in caplog.records if "migrated" in r.message] == [
-        f"migrated dataset {path} from schema version 1 to 7; the original is kept as {backup}"]
+        f"migrated dataset {path} from schema version 1 to 8; the original is kept as {backup}"]
     assert op["model"] == "branchy:branches=2" and op["latency_median_s"] == 0.5 and op["run_id"] == 1
     assert op["workload_id"] and op["device_id"] and op["device_name"] == "Some CPU"
     assert '"schema": 1' in op["workload"] and model["workload_id"] == op["workload_id"]
     assert op["dtype"] == model["dtype"] == "float32"  # version 1 measured float32 only
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "7", "migrated_from": "1"}
+    assert meta == {"schema_version": "8", "migrated_from": "1"}
     # a v2 key can never be one of these: migrated workloads are marked
     with Dataset(path) as ds:
         assert not ds.has("operators", {**KEY, "op_index": 0})
@@ -167,7 +167,7 @@ def _junk(path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (_junk, "not an OpBench dataset (not an SQLite file)"),
     (_unrelated, "SQLite file but not an OpBench dataset (tables: customers"),
-    (_newer, "schema version 99, newer than this OpBench reads (7)"),
+    (_newer, "schema version 99, newer than this OpBench reads (8)"),
     (_foreign_column, "table 'operators' has foreign columns secret"),
     (_foreign_table, "foreign tables: extra"),
 ])
@@ -305,16 +305,20 @@ def test_export_errors(tmp_path):
 
 
 def _old_dataset(path, version):
-    """An empty dataset as version 2 to 6 wrote it (no trials table in 2, no SM-partition co-run columns
+    """An empty dataset as version 2 to 7 wrote it (no trials table in 2, no SM-partition co-run columns
     and no dtype column before 4, no percentile columns before 5, no gpu_uuid before 6, no tasks table and
-    no sampler columns of trials before 7)."""
-    from opbench.dataset.schema import PERCENTILE_COLUMNS, SAMPLE_COLUMNS, create_statements
+    no sampler columns of trials before 7, no energy columns before 8)."""
+    from opbench.dataset.schema import ENERGY_COLUMNS, PERCENTILE_COLUMNS, SAMPLE_COLUMNS, create_statements
 
     with contextlib.closing(sqlite3.connect(path)) as conn:
         for stmt in create_statements():
-            if (version >= 3 or "CREATE TABLE trials" not in stmt) and "CREATE TABLE tasks" not in stmt:
+            if (version >= 3 or "CREATE TABLE trials" not in stmt) and (version >= 7 or "CREATE TABLE tasks"
+                                                                            not in stmt):
                 conn.execute(stmt)
-        for column, _ in SAMPLE_COLUMNS if version >= 3 else ():
+        for table, columns in ENERGY_COLUMNS.items():
+            for column, _ in columns:
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        for column, _ in SAMPLE_COLUMNS if 3 <= version < 7 else ():
             conn.execute(f"ALTER TABLE trials DROP COLUMN {column}")
         for table in ("operators", "models", "corun", "trials") if version < 6 else ():
             if version >= 3 or table != "trials":
@@ -336,7 +340,7 @@ def test_v2_gains_the_trials_table(tmp_path):
     _old_dataset(path, 2)
     with Dataset(path) as ds:
         ds.put("operators", _row(0))
-        assert ds.schema_version() == 7 and ds.count("trials") == 0
+        assert ds.schema_version() == 8 and ds.count("trials") == 0
     assert (tmp_path / "v2.sqlite.v2-backup").is_file()
 
 
@@ -348,16 +352,17 @@ def test_v3_gains_the_partition_columns_of_corun_and_a_dtype(tmp_path):
                      "VALUES ('w', 'd', 'default', 0, 'g', 1.5)")
         conn.commit()
     with Dataset(path, readonly=True) as ds:  # read only: migrated in memory, the file stays version 3
-        assert ds.schema_version() == 7
+        assert ds.schema_version() == 8
     with Dataset(path) as ds:
-        assert ds.schema_version() == 7
+        assert ds.schema_version() == 8
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(corun)")]
         row = conn.execute("SELECT speedup, partitioned_s, partition_sms, dtype FROM corun").fetchone()
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
-    assert cols[-7:-4] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
-    assert cols[-4:] == ["concurrent_p10_s", "concurrent_p90_s", "concurrent_p99_s", "gpu_uuid"]
-    assert meta == {"schema_version": "7", "migrated_from": "3"}
+    assert cols[-10:-7] == ["partitioned_s", "partition_sms", "dtype"] and row == (1.5, None, None, "float32")
+    assert cols[-7:-3] == ["concurrent_p10_s", "concurrent_p90_s", "concurrent_p99_s", "gpu_uuid"]
+    assert cols[-3:] == ["concurrent_energy_j", "concurrent_power_w", "concurrent_energy_window_s"]
+    assert meta == {"schema_version": "8", "migrated_from": "3"}
     assert (tmp_path / "v3.sqlite.v3-backup").is_file()
 
 
@@ -370,7 +375,7 @@ def _migrated_row(tmp_path, version: int, insert: str):
         conn.execute(insert)
         conn.commit()
     with Dataset(path) as ds:
-        assert ds.schema_version() == 7
+        assert ds.schema_version() == 8
         (row,) = ds.rows(insert.split()[2])
     return path, row
 
@@ -382,8 +387,8 @@ def test_v4_gains_the_percentile_columns(tmp_path):
         (0.5, "float16", None, None)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         cols = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in ("operators", "models")}
-    assert cols["operators"][-4:] == ["latency_p10_s", "latency_p90_s", "latency_p99_s", "gpu_uuid"]
-    assert cols["models"][-4:] == ["vm_latency_p10_s", "vm_latency_p90_s", "vm_latency_p99_s", "gpu_uuid"]
+    assert cols["operators"][-7:-3] == ["latency_p10_s", "latency_p90_s", "latency_p99_s", "gpu_uuid"]
+    assert cols["models"][-7:-3] == ["vm_latency_p10_s", "vm_latency_p90_s", "vm_latency_p99_s", "gpu_uuid"]
 
 
 def test_v5_gains_the_gpu_uuid(tmp_path):
@@ -397,10 +402,10 @@ def test_v5_gains_the_gpu_uuid(tmp_path):
     assert uuids == [("w", None), ("w2", "GPU-1234")]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
-        last = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")][-1] for t in
+        last = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")][-4] for t in
                 ("operators", "models", "corun")}
-    assert meta == {"schema_version": "7", "migrated_from": "5"}
-    assert set(last.values()) == {"gpu_uuid"}
+    assert meta == {"schema_version": "8", "migrated_from": "5"}
+    assert set(last.values()) == {"gpu_uuid"}  # then the energy columns of version 8
 
 
 def test_v6_gains_the_tasks_table_and_the_sampler_columns(tmp_path):
@@ -413,3 +418,21 @@ def test_v6_gains_the_tasks_table_and_the_sampler_columns(tmp_path):
         ds.put("tasks", {"workload_id": "task1", "task": "fused_dense", "uses": [{"model": "m"}]})
         (task,) = ds.rows("tasks")
     assert task["task"] == "fused_dense" and json.loads(task["uses"]) == [{"model": "m"}]
+
+
+def test_v7_gains_the_energy_columns(tmp_path):
+    from opbench.dataset.schema import ENERGY_COLUMNS
+
+    path, row = _migrated_row(tmp_path, 7, "INSERT INTO corun (workload_id, device_id, config, l2_flush, group_key, "
+                              "concurrent_s, gpu_uuid) VALUES ('w', 'd', 'default', 0, 'g', 0.5, 'GPU-1')")
+    assert (row["concurrent_s"], row["gpu_uuid"]) == (0.5, "GPU-1")
+    assert all(row[c] is None for c, _ in ENERGY_COLUMNS["corun"])
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key != 'created_by'").fetchall())
+        cols = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")][-3:] for t in ENERGY_COLUMNS}
+    assert meta == {"schema_version": "8", "migrated_from": "7"}
+    assert cols == {"operators": ["energy_j", "power_w", "energy_window_s"],
+                    "models": ["vm_energy_j", "vm_power_w", "vm_energy_window_s"],
+                    "corun": ["concurrent_energy_j", "concurrent_power_w", "concurrent_energy_window_s"]}
+    with Dataset(path) as ds:  # the tasks table of version 7 is kept as it was
+        assert ds.count("tasks") == 0

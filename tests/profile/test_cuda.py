@@ -49,7 +49,7 @@ def test_local_replay_cuda(name, cuda_target):
     assert err < 1e-5 and outs[0].shape == (1, 1000)
 
 
-def _collected(cuda_target, model="ios_block", corun=0):
+def _collected(cuda_target, model="ios_block", corun=0, timing=None):
     from opbench.dataset import Dataset
     from opbench.pipeline import CollectOptions, collect
     from opbench.profile import TimingConfig
@@ -58,7 +58,7 @@ def _collected(cuda_target, model="ios_block", corun=0):
     ds = Dataset(":memory:")
     profiler = CudaProfiler(corun_k=4, corun_limit=corun)
     result = collect(load_workload("simple", model, 1), cuda_target, ds,
-                     CollectOptions(timing=TimingConfig(repeat=5, min_repeat_ms=1), progress=False),
+                     CollectOptions(timing=timing or TimingConfig(repeat=5, min_repeat_ms=1), progress=False),
                      profiler=profiler)
     return ds, result
 
@@ -87,6 +87,24 @@ def test_timing_is_plausible(cuda_target):
     assert 1e-6 < row["latency_median_s"] < 1.0
     assert row["gflops"] < 70_000
     assert row["latency_min_s"] <= row["latency_median_s"] <= row["latency_max_s"]
+
+
+def test_energy_is_read_or_left_null(cuda_target):
+    """With NVML, a 1024^3 matmul timed for long enough moves the GPU's energy counter: a board power an H100
+    or H200 can draw (idle at least 30 W, at most 1 kW) and an energy per call of that power times the
+    median latency; without NVML every energy column is NULL, never zero."""
+    from opbench.profile.cuda import EnergyMeter
+    from opbench.profile.timer import TimingConfig
+
+    ds, result = _collected(cuda_target, "matmul", timing=TimingConfig(repeat=20, min_repeat_ms=20.0))
+    (row,) = result.rows
+    model = result.model_row
+    if not EnergyMeter().available:
+        assert row["energy_j"] is None and row["power_w"] is None and model["vm_energy_j"] is None
+        return
+    assert 30.0 < row["power_w"] < 1000.0 and row["energy_window_s"] > 0.1
+    assert row["energy_j"] == pytest.approx(row["power_w"] * row["latency_median_s"])
+    assert model["vm_power_w"] is None or 30.0 < model["vm_power_w"] < 1000.0
 
 
 def test_corun_rows(cuda_target):

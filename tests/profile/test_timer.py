@@ -63,3 +63,59 @@ def test_cpu_flush_before_every_call():
     assert module.asked == {"number": 1, "repeat": 4, "min_repeat_ms": 0,
                             "f_preproc": "cache_flush_cpu_non_first_arg"}
     assert timing.number == 1 and timing.columns()["number"] == 1
+
+
+def test_energy_is_the_mean_power_over_the_window_times_the_median():
+    """Two reads of a GPU's energy counter (millijoules, seconds) around the samples: the row's power is
+    their difference over the window, its energy per call that power times the median latency."""
+    from opbench.profile.timer import Timing, with_energy
+
+    timing = with_energy(Timing([0.002, 0.001, 0.003], 4), (1_000_000.0, 10.0), (1_030_000.0, 10.1))
+    assert abs(timing.power_w - 300.0) < 1e-6 and abs(timing.energy_window_s - 0.1) < 1e-12
+    assert abs(timing.energy_j - 0.6) < 1e-9  # 300 W x 2 ms
+    cols = timing.columns()
+    assert cols["energy_j"] == timing.energy_j and cols["power_w"] == timing.power_w and cols["number"] == 4
+    assert set(timing.energy_columns("vm_")) == {"vm_energy_j", "vm_power_w", "vm_energy_window_s"}
+
+
+def test_no_energy_from_a_counter_that_did_not_move_or_was_not_read():
+    """A window shorter than the counter's update interval reads no change: NULL, never a power of zero."""
+    from opbench.profile.timer import Timing, with_energy
+
+    plain = Timing([0.001])
+    for before, after in [((5.0, 1.0), (5.0, 1.2)), (None, (6.0, 1.2)), ((5.0, 1.0), None), ((5.0, 1.0), (9.0, 1.0))]:
+        got = with_energy(plain, before, after)
+        assert got.power_w is None and got.energy_j is None and got.columns()["energy_window_s"] is None
+
+
+def test_the_energy_meter_without_nvml_reads_nothing(monkeypatch):
+    """Without nvidia-ml-py (or a driver) the meter is unavailable and every read is None: timing goes on."""
+    import sys
+
+    import pytest
+
+    pytest.importorskip("torch")
+    from opbench.profile.cuda import EnergyMeter
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    meter = EnergyMeter()
+    assert not meter.available and meter.read() is None
+
+
+def test_the_energy_meter_reads_nvmls_counter(monkeypatch):
+    """With NVML, a read is the GPU's total energy counter (mJ) and the time it was read."""
+    import sys
+    import types
+
+    import pytest
+
+    pytest.importorskip("torch")
+    from opbench.profile import cuda
+
+    counter = iter([100.0, 2_000.0, 2_500.0])  # the meter's own check, then two reads
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetTotalEnergyConsumption=lambda h: next(counter))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(cuda, "nvml_handle", lambda nvml, index=None: "handle")
+    meter = cuda.EnergyMeter()
+    first, second = meter.read(), meter.read()
+    assert meter.available and (first[0], second[0]) == (2_000.0, 2_500.0) and second[1] >= first[1]

@@ -5,7 +5,8 @@ Version 2 → 3 adds the ``trials`` table; 3 → 4 adds two ``corun`` columns (`
 every measurement table (``float32`` for every earlier row: no earlier version measured another); 4 → 5
 adds the timing percentiles (NULL in earlier rows: their samples were not kept); 5 → 6 adds ``gpu_uuid``
 to every measurement table (NULL in earlier rows: which of several same GPUs measured them was not kept);
-6 → 7 adds the ``tasks`` table and the sampler's columns of ``trials`` (NULL in tuning rows).
+6 → 7 adds the ``tasks`` table and the sampler's columns of ``trials`` (NULL in tuning rows); 7 → 8 the
+energy columns of operators, models and co-runs (NULL in earlier rows: energy was not read).
 
 Version 1 keyed rows by ``source, model, batch_size, target, config``: the model name as typed,
 the target's kind only. Its rows cannot be given honest version-2 keys (the options that made the
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from ..utils import digest
 from .schema import (
     _SQL_TYPES,
+    ENERGY_COLUMNS,
     GPU_UUID_COLUMN,
     MEASUREMENT_TABLES,
     PERCENTILE_COLUMNS,
@@ -54,7 +56,9 @@ _V1 = {
               "sequential_s", "concurrent_s", "speedup", "solo_s", "slowdowns", "repeats", "l2_flush", "status",
               "error", *_V1_ENV],
 }
-_V7 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_V8 = {t: [c for c, _ in columns_of(t)] for t in ["meta", "runs", *TABLES]}
+_NEW_IN_V8 = {t: [c for c, _ in cols] for t, cols in ENERGY_COLUMNS.items()}
+_V7 = {t: [c for c in cols if c not in _NEW_IN_V8.get(t, [])] for t, cols in _V8.items()}
 _NEW_IN_V7 = {"trials": [c for c, _ in SAMPLE_COLUMNS]}
 _V6 = {t: [c for c in cols if c not in _NEW_IN_V7.get(t, [])] for t, cols in _V7.items() if t != "tasks"}
 _NEW_IN_V6 = {t: [GPU_UUID_COLUMN[0]] for t in MEASUREMENT_TABLES}
@@ -67,10 +71,10 @@ _V3 = {t: [c for c in cols if c not in _NEW_IN_V4.get(t, [])] for t, cols in _V4
 _V2 = {t: cols for t, cols in _V3.items() if t != "trials"}
 
 # columns each version appends to the one before (ALTER TABLE ... ADD COLUMN)
-_ADDED = [(4, _NEW_IN_V4), (5, _NEW_IN_V5), (6, _NEW_IN_V6), (7, _NEW_IN_V7)]
+_ADDED = [(4, _NEW_IN_V4), (5, _NEW_IN_V5), (6, _NEW_IN_V6), (7, _NEW_IN_V7), (8, _NEW_IN_V8)]
 
 # schema version -> {table: columns}
-KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
+KNOWN = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7, 8: _V8}
 
 
 def _v1_keys(row: dict) -> dict:
@@ -103,7 +107,8 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         else:
             if version == 2:
                 conn.execute(create_table("trials"))
-            conn.execute(create_table("tasks"))  # version 7: new to every earlier version
+            if version < 7:
+                conn.execute(create_table("tasks"))  # version 7: new to every earlier version
             for since, new in _ADDED:
                 if since <= version:
                     continue  # the dataset has these columns already

@@ -1,4 +1,4 @@
-"""The dataset schema (version 5). Documented column by column in ``docs/dataset.md``.
+"""The dataset schema (version 8). Documented column by column in ``docs/dataset.md``.
 
 Tables
 ------
@@ -14,6 +14,10 @@ float16 or bfloat16; rows of earlier versions are float32). Version 5 adds the t
 trials      one row per candidate schedule measured while tuning (version 3) or sampling (version 7).
 tasks       one row per tensor-program task sampled by ``opbench sample`` (version 7): its module once,
             which models use it, what sampling it cost. Its ``workload_id`` keys the task's trial rows.
+
+Version 8 adds energy to operators, models and co-runs: the GPU's mean board power over the timed
+samples (NVML's total energy counter read before and after them), that power times the median latency,
+and the length of the window read (NULL on a CPU, without NVML, and in earlier rows).
 
 Keys
 ----
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 from ..utils import PERCENTILES
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # logical column types: TEXT, INTEGER, REAL, JSON (JSON text in SQLite), TIME (ISO 8601 text in SQLite)
 KEY_COLUMNS = ["workload_id", "device_id", "config", "l2_flush"]
@@ -129,6 +133,15 @@ SAMPLE_COLUMNS = [
     ("audit_secs", "JSON"),
 ]
 TRIAL_COLUMNS.extend(SAMPLE_COLUMNS)
+
+# version 8: energy (NVML's total energy counter around the timed samples; NULL on a CPU and in earlier rows):
+# mean board power over the window, that power times the median latency, the window's seconds
+ENERGY_PREFIX = {"operators": "", "models": "vm_", "corun": "concurrent_"}
+ENERGY_COLUMNS = {t: [(f"{p}energy_j", "REAL"), (f"{p}power_w", "REAL"), (f"{p}energy_window_s", "REAL")]
+                  for t, p in ENERGY_PREFIX.items()}
+OPERATOR_COLUMNS.extend(ENERGY_COLUMNS["operators"])
+MODEL_COLUMNS.extend(ENERGY_COLUMNS["models"])
+CORUN_COLUMNS.extend(ENERGY_COLUMNS["corun"])
 
 # version 7: one row per sampled task (its workload_id keys the task's trial rows)
 TASK_COLUMNS = [

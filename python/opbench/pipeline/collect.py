@@ -366,6 +366,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 "vm_latency_median_s": vm_timing.median if vm_timing else None,
                 "vm_latency_std_s": vm_timing.std if vm_timing else None,
                 **(vm_timing.percentiles("vm_latency") if vm_timing else {}),
+                **(vm_timing.energy_columns("vm_") if vm_timing else {}),
                 "replay_rel_error": error, "compile_s": built.compile_seconds, "measure_s": measure_s,
                 "provenance": workload.provenance,
                 "status": "ok" if not any(r["status"] != "ok" for r in rows) else "partial",

@@ -14,6 +14,11 @@ comparison.
 A co-run group is captured twice: one after another on one stream, and forked onto one stream per
 operator (event record on the capture stream, every worker waits on it, the capture stream waits
 on an event from each worker). Speedup = sequential / concurrent.
+
+Energy: NVML's total energy counter of the GPU (:class:`EnergyMeter`) is read before and after the
+timed samples of each operator, co-run group and whole model; the mean board power over that window
+times the median latency is the energy of one call (idle power included; the counter's update interval
+is the driver's, so a window shorter than it gives no reading rather than a wrong one).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import math
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +36,7 @@ from ..runtime.device import gpu_index, gpu_uuid, nvml_handle, nvml_query
 from ..runtime.graphs import CapturedGraph, capture_graph, fork_join
 from ..runtime.kernels import OperatorKernels
 from .base import Profiler
-from .timer import Timing, TimingConfig, cuda_event_samples
+from .timer import EnergyRead, Timing, TimingConfig, cuda_event_samples, with_energy
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +143,42 @@ def device_figures(index: int | None = None) -> dict[str, Any]:
     return out
 
 
+class EnergyMeter:
+    """NVML's total energy counter of one GPU (millijoules since the driver loaded; Volta and newer).
+
+    NVML is initialised once, for the meter's life: a read costs microseconds. Without ``nvidia-ml-py``, a
+    driver, or the counter on this GPU, every :meth:`read` is None and the rows' energy columns stay NULL.
+    """
+
+    def __init__(self, index: int | None = None) -> None:
+        self._nvml: Any = None
+        self._handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = nvml_handle(pynvml, index)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # raises where the GPU has no counter
+        except Exception as err:  # energy is extra: timing goes on without it
+            log.debug("GPU energy counter unavailable: %s", err)
+            return
+        self._nvml, self._handle = pynvml, handle
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def read(self) -> EnergyRead | None:
+        """``(millijoules, time.perf_counter())`` now, or None."""
+        if self._nvml is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)), time.perf_counter()
+        except Exception as err:
+            log.debug("GPU energy counter read failed: %s", err)
+            return None
+
+
 def operator_range(index: int, kind: str, func: str) -> str:
     """The NVTX range of an operator timed by :meth:`CudaProfiler.time` (at most 120 characters)."""
     return f"opbench #{index} {kind} {func}"[:120]
@@ -166,6 +208,7 @@ class CudaProfiler(Profiler):
         self.streams = [torch.cuda.Stream(device=self.gpu) for _ in range(max(corun_k, 1))]
         self._solo: dict[int, Timing] = {}
         self._outs: dict[int, list[Any]] = {}
+        self.energy = EnergyMeter()
 
     # environment -------------------------------------------------------------------------
     def tags(self) -> dict[str, Any]:
@@ -235,8 +278,16 @@ class CudaProfiler(Profiler):
         one = self._one_replay(graph, config.warmup)
         number = 1 if config.flush_l2 else max(config.number, min(200, math.ceil(config.min_repeat_ms / 1e3 / one)))
         flush = self.flush_buffer.zero_ if config.flush_l2 else None
+        before = self.energy.read()
         samples = cuda_event_samples(graph.replay, config.repeat, number, warmup=0, before_sample=flush)
-        return Timing([s / unroll for s in samples], number * unroll)
+        return with_energy(Timing([s / unroll for s in samples], number * unroll), before, self.energy.read())
+
+    def time_model(self, built: Any, inputs: Sequence[Any], config: TimingConfig) -> Timing:
+        """Time the whole model in the Relax VM (TVM's ``time_evaluator``), with the GPU's energy counter
+        read around it."""
+        before = self.energy.read()
+        timing = super().time_model(built, inputs, config)
+        return with_energy(timing, before, self.energy.read())
 
     def time_launch(self, launch: Callable[[], None], config: TimingConfig) -> Timing:
         """Capture ``launch`` and time it; a short one is captured several times over in one graph
@@ -329,7 +380,7 @@ class CudaProfiler(Profiler):
             log.debug("per-operator co-run timing unavailable: %s", err)
         return {
             "group_size": len(group), "sequential_s": seq.median, "concurrent_s": conc.median,
-            **conc.percentiles("concurrent"),
+            **conc.percentiles("concurrent"), **conc.energy_columns("concurrent_"),
             "speedup": seq.median / conc.median if conc.median > 0 else None,
             "solo_s": [self._solo[i].median for i in group], "slowdowns": slowdowns,
             "repeats": config.repeat, "l2_flush": int(config.flush_l2), "status": "ok", "error": None,

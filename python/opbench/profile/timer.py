@@ -46,6 +46,11 @@ class Timing:
 
     samples: list[float]
     number: int = 1
+    #: the GPU's mean board power over the timed samples (W), from NVML's total energy counter read before
+    #: and after them (:func:`with_energy`); None on a CPU, without NVML, or when the counter did not move
+    power_w: float | None = None
+    #: seconds between the two reads of the counter
+    energy_window_s: float | None = None
 
     @property
     def median(self) -> float:
@@ -68,6 +73,16 @@ class Timing:
         """``{prefix}_p10_s``, ``_p90_s``, ``_p99_s``: the dataset's percentile columns."""
         return {f"{prefix}_p{q}_s": self.percentile(q) for q in PERCENTILES}
 
+    @property
+    def energy_j(self) -> float | None:
+        """Energy of one call (J): the mean power over the timed samples times the median latency."""
+        return None if self.power_w is None else self.power_w * self.median
+
+    def energy_columns(self, prefix: str = "") -> dict[str, float | None]:
+        """``{prefix}energy_j``, ``{prefix}power_w``, ``{prefix}energy_window_s``: the dataset's energy columns."""
+        return {f"{prefix}energy_j": self.energy_j, f"{prefix}power_w": self.power_w,
+                f"{prefix}energy_window_s": self.energy_window_s}
+
     def columns(self) -> dict[str, Any]:
         """Dataset columns for this timing."""
         return {
@@ -79,7 +94,22 @@ class Timing:
             **self.percentiles(),
             "repeats": len(self.samples),
             "number": self.number,
+            **self.energy_columns(),
         }
+
+
+#: a counter read: (millijoules since the driver loaded, ``time.perf_counter()`` seconds)
+EnergyRead = tuple[float, float]
+
+
+def with_energy(timing: Timing, before: EnergyRead | None, after: EnergyRead | None) -> Timing:
+    """``timing`` with the mean power between two reads of a GPU's energy counter (:class:`Timing`'s
+    ``power_w`` and ``energy_window_s``). A counter that did not move (a window shorter than its update
+    interval) or a missing read leaves them None: no row gets a power of zero."""
+    if before is None or after is None or after[0] <= before[0] or after[1] <= before[1]:
+        return timing
+    window = after[1] - before[1]
+    return dataclasses.replace(timing, power_w=(after[0] - before[0]) / 1e3 / window, energy_window_s=window)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
