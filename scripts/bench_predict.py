@@ -19,7 +19,8 @@ predicted operator latencies only, ``DIR/predict_schedules_latency_only.json``).
 
 ``--part records`` (any machine) evaluates the trials cost model on a records folder (``--records``, the
 shipped ``data/dataset``): held-out models whose tasks no training model shares, by dtype, and a
-learning curve. Writes ``DIR/predict_records.json``.
+learning curve, beside MetaSchedule's own losses and MLP cost model on the same splits. Writes
+``DIR/predict_records.json``.
 
     PYTHONPATH=python python3 scripts/bench_predict.py --part records --out data/benchmarks
 
@@ -283,8 +284,9 @@ def records(args: argparse.Namespace) -> dict:
     m = report["metrics"]
     print(f"held-out models: pairwise {m['pairwise']:.3f} top-1 {m['top1']:.3f} top-5 {m['top5']:.3f}", flush=True)
     by_seed = []  # the same split dealt with other fold seeds, and MetaSchedule's own loss beside ours
+    mlp_seeds = {int(x) for x in args.mlp_seeds.split(",") if x.strip()}
     for seed in sorted({int(x) for x in args.seeds.split(",") if x.strip()}):
-        for loss in trials.LOSSES:
+        for loss in [x for x in trials.COMPARED if x != "mlp" or seed in mlp_seeds]:
             got = report["metrics"] if (seed, loss) == (0, "rank") else \
                 trials.evaluate(tasks, "by_model", args.folds, seed, loss=loss)["metrics"]
             by_seed.append({"seed": seed, "loss": loss, **{k: got[k] for k in ("pairwise", "top1", "top5")}})
@@ -317,6 +319,9 @@ def main() -> int:
     parser.add_argument("--folds", type=int, default=5, help="--part records: folds over the models")
     parser.add_argument("--seeds", default="0,1,2", help="--part records: fold seeds, each evaluated with both "
                         "losses (the ranking loss and MetaSchedule's squared error)")
+    parser.add_argument("--mlp-seeds", default="0",
+                        help="--part records: fold seeds on which MetaSchedule's MLP cost model is compared too "
+                             "(about 100 s each on 2 cores; default: 0)")
     parser.add_argument("--curve", default="1000,3000,100000000",
                         help="--part records: training sizes of the learning curve (records per fold)")
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")

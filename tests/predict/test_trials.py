@@ -167,3 +167,22 @@ def test_the_ranking_model_learns_each_tasks_own_order():
     loaded = TrialsPredictor.fit(tasks).cost_model()
     assert type(loaded) is type(model) and loaded.data_size == 24
     assert np.allclose(loaded._predict(xs=tasks[0]["xs"]), model._predict(xs=tasks[0]["xs"]))  # noqa: SLF001
+
+
+@pytest.mark.slow
+def test_metaschedules_mlp_is_compared_on_the_same_split(records_slice, tmp_path, monkeypatch):
+    """MetaSchedule's own MLP cost model (its trainer fails on current PyTorch without the scheduler shim)
+    is evaluated on the same held-out models as the xgboost model; an unknown model is one line."""
+    pytest.importorskip("torch")
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import trials
+
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
+    tasks, _device = trials.trial_examples(str(records_slice[0]), task_modules)
+    xgb = trials.evaluate(tasks, "by_model", k=3, seed=0)
+    mlp = trials.evaluate(tasks, "by_model", k=3, seed=0, loss="mlp")
+    assert mlp["fold_tasks"] == xgb["fold_tasks"] and mlp["n_test"] == xgb["n_test"] > 0
+    m = mlp["metrics"]
+    assert 0.0 <= m["pairwise"] <= 1.0 and 0.0 < m["top1"] <= m["top5"] <= 1.0
+    with pytest.raises(OpBenchError, match="unknown trials model 'lstm'"):
+        trials.evaluate(tasks, "by_model", k=3, seed=0, loss="lstm")

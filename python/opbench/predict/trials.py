@@ -17,6 +17,7 @@ round and retrains on old and new measurements together as tuning goes on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -25,7 +26,7 @@ import sqlite3
 import types
 import zipfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,10 @@ def ranking_model() -> type:
 #: the losses a trials model can train with: ``rank`` (the default, module docstring) or ``squared``
 #: (MetaSchedule's own: squared error on ``best / latency``, for comparison)
 LOSSES = ("rank", "squared")
+#: what :func:`evaluate` compares: the xgboost model with either loss, and ``mlp``, MetaSchedule's own MLP
+#: cost model (``SegmentSumMLP`` trained by its ``SegmentSumMLPTrainer`` with its defaults: LambdaRank loss,
+#: 50 epochs, a fifth of the tasks held back to keep the epoch of least loss), on the same features
+COMPARED = (*LOSSES, "mlp")
 
 
 def _xgb_model(seed: int = 0, loss: str = "rank") -> Any:
@@ -331,6 +336,72 @@ def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0, loss: str = "rank") 
     model._train(xs=xs, ys=ys)  # noqa: SLF001 (MetaSchedule's training entry)
     model.last_train_size = model.data_size
     return model
+
+
+class _MLPRanker:
+    """A trained ``SegmentSumMLPTrainer`` behind ``XGBModel``'s ``_predict(xs=...)`` (what evaluation calls)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def _predict(self, xs: Sequence[np.ndarray]) -> np.ndarray:
+        # one batch: its loader scales the features by their maximum (as MetaSchedule's prediction does), and
+        # a batch of one would come back as a scalar
+        self.trainer.batch_size = max(len(xs), 2)
+        return np.atleast_1d(self.trainer.predict_incremental([np.asarray(x, dtype="float32") for x in xs]))
+
+
+@contextlib.contextmanager
+def _step_lr_without_verbose() -> Iterator[None]:
+    """MetaSchedule's trainer builds ``StepLR(..., verbose=True)``, an argument current PyTorch removed (a
+    ``TypeError``): while it trains, the scheduler takes and ignores it."""
+    import torch
+
+    base = torch.optim.lr_scheduler.StepLR
+
+    class StepLR(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, verbose: Any = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+
+    torch.optim.lr_scheduler.StepLR = StepLR
+    try:
+        yield
+    finally:
+        torch.optim.lr_scheduler.StepLR = base
+
+
+def fit_mlp(tasks: Sequence[dict[str, Any]], seed: int = 0) -> _MLPRanker:
+    """MetaSchedule's MLP cost model (:data:`COMPARED`) trained on the tasks (one feature group per task, as
+    :func:`fit_xgb` holds them), for comparison with the xgboost model; needs PyTorch."""
+    import random
+
+    try:
+        import torch
+        from tvm.s_tir.meta_schedule.cost_model.mlp_model import (
+            FeatureGroup,
+            SegmentSumMLPConfig,
+            SegmentSumMLPTrainer,
+            State,
+            TrainerConfig,
+        )
+    except ImportError as err:
+        raise OpBenchError(f"MetaSchedule's MLP cost model needs PyTorch ({err}): pip install torch") from None
+    torch.manual_seed(seed)
+    random.seed(seed)  # the trainer's choice of the tasks it holds back
+    state = State(SegmentSumMLPConfig(input_dim=FEATURE_WIDTH))
+    for t in tasks:
+        xs = [np.asarray(x, dtype="float32") for x in t["xs"]]
+        group = state.data.get(t["group_hash"])
+        if group is None:
+            state.data[t["group_hash"]] = FeatureGroup(t["group_hash"], xs, t["latency"].astype("float32"))
+        else:
+            group.append(xs, t["latency"].astype("float32"))
+        state.data_size += len(xs)
+    trainer = SegmentSumMLPTrainer(TrainerConfig(), state)
+    trainer.device = "cpu"  # the same on every machine
+    with _step_lr_without_verbose():
+        trainer.train_full()
+    return _MLPRanker(trainer)
 
 
 class TrialsPredictor(Predictor):
@@ -436,7 +507,7 @@ def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]],
                 for t, cs in chosen.items() if len(cs) >= MIN_TRIALS]
         if not part:
             continue
-        model = fit_xgb(part, seed, loss)
+        model = fit_mlp(part, seed) if loss == "mlp" else fit_xgb(part, seed, loss)
         scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
         n_train.append(sum(len(p["xs"]) for p in part))
         tested = sorted({entries[i][0] for i in test})
@@ -476,7 +547,10 @@ def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 
              loss: str = "rank") -> dict[str, Any]:
     """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task, overall and
     by dtype. With ``by_model``, a task that a held-out model shares with a training model is neither
-    trained on nor tested in that fold (``untested`` counts the candidates no fold could test)."""
+    trained on nor tested in that fold (``untested`` counts the candidates no fold could test). ``loss``:
+    one of :data:`COMPARED` (``mlp``: MetaSchedule's MLP cost model instead of the xgboost one)."""
+    if loss not in COMPARED:
+        raise OpBenchError(f"unknown trials model '{loss}' (accepted: {', '.join(COMPARED)})")
     items, entries, labels = _entries(tasks, split)
     scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed, loss=loss)
     tested = ~np.isnan(scores)
@@ -514,5 +588,5 @@ def learning_curve(tasks: dict[tuple[str, str], dict[str, Any]], sizes: Sequence
     return out
 
 
-__all__ = ["XGB_PARAMS", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_xgb",
-           "learning_curve", "ranking_model", "target_for", "task_pairs", "trial_examples", "trial_features"]
+__all__ = ["COMPARED", "XGB_PARAMS", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_mlp",
+           "fit_xgb", "learning_curve", "ranking_model", "target_for", "task_pairs", "trial_examples", "trial_features"]
