@@ -318,19 +318,29 @@ def _xgb_model(seed: int = 0, loss: str = "rank") -> Any:
                 adaptive_training=True, verbose_eval=10**9)
 
 
+def _add_groups(data: dict[str, Any], tasks: Sequence[dict[str, Any]], group_cls: type,
+                features: Callable[[Sequence[Any]], list[Any]] = list) -> int:
+    """Put the tasks' candidates into ``data`` as MetaSchedule's cost models hold them, one ``group_cls``
+    (the XGB or the MLP model's ``FeatureGroup``) per task module: two tasks of one module (another
+    target's) are one group, as in tuning. Returns how many candidates were added."""
+    added = 0
+    for t in tasks:
+        xs, costs = features(t["xs"]), t["latency"].astype("float32")
+        group = data.get(t["group_hash"])
+        if group is None:
+            data[t["group_hash"]] = group_cls(group_hash=t["group_hash"], features=xs, costs=costs)
+        else:
+            group.append(xs, costs)
+        added += len(xs)
+    return added
+
+
 def fit_xgb(tasks: Sequence[dict[str, Any]], seed: int = 0, loss: str = "rank") -> Any:
     """MetaSchedule's ``XGBModel`` holding the tasks' data (one feature group per task) and trained on it."""
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
 
     model = _xgb_model(seed, loss)
-    for t in tasks:  # two tasks of one module (another target's) are one group, as in tuning
-        group = model.data.get(t["group_hash"])
-        if group is None:
-            model.data[t["group_hash"]] = FeatureGroup(group_hash=t["group_hash"], features=list(t["xs"]),
-                                                       costs=t["latency"].astype("float32"))
-        else:
-            group.append(list(t["xs"]), t["latency"].astype("float32"))
-        model.data_size += len(t["xs"])
+    model.data_size += _add_groups(model.data, tasks, FeatureGroup)
     xs = [x for g in model.data.values() for x in g.features]
     ys = np.concatenate([g.min_cost / g.costs for g in model.data.values()])
     model._train(xs=xs, ys=ys)  # noqa: SLF001 (MetaSchedule's training entry)
@@ -389,14 +399,8 @@ def fit_mlp(tasks: Sequence[dict[str, Any]], seed: int = 0) -> _MLPRanker:
     torch.manual_seed(seed)
     random.seed(seed)  # the trainer's choice of the tasks it holds back
     state = State(SegmentSumMLPConfig(input_dim=FEATURE_WIDTH))
-    for t in tasks:
-        xs = [np.asarray(x, dtype="float32") for x in t["xs"]]
-        group = state.data.get(t["group_hash"])
-        if group is None:
-            state.data[t["group_hash"]] = FeatureGroup(t["group_hash"], xs, t["latency"].astype("float32"))
-        else:
-            group.append(xs, t["latency"].astype("float32"))
-        state.data_size += len(xs)
+    state.data_size += _add_groups(state.data, tasks, FeatureGroup,
+                                   lambda xs: [np.asarray(x, dtype="float32") for x in xs])
     trainer = SegmentSumMLPTrainer(TrainerConfig(), state)
     trainer.device = "cpu"  # the same on every machine
     with _step_lr_without_verbose():
