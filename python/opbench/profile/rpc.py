@@ -196,21 +196,6 @@ class RemoteModule:
         return ""
 
 
-def _device_name(device: Any) -> str | None:
-    """A (remote) device's name. TVM reads a CUDA device's name through the driver API, which fails with
-    ``CUDA_ERROR_NOT_INITIALIZED`` in a server process that has not used CUDA yet: a one-byte buffer on the
-    device first makes its context."""
-    import tvm
-
-    with contextlib.suppress(Exception):
-        tvm.runtime.empty((1,), "uint8", device)
-    try:
-        return device.device_name
-    except Exception as err:  # the name is a label: the rows keep the kind and the key
-        log.debug("remote device name unavailable: %s", err)
-        return None
-
-
 class RPCProfiler(Profiler):
     """Times on a remote device of :class:`RPCSpec` (see the module docstring).
 
@@ -228,7 +213,7 @@ class RPCProfiler(Profiler):
         remote = self._device()
         if not remote.exist:
             raise OpBenchError(f"the device with key '{spec.key}' has no {self.kind} device")
-        self.device_name = f"{_device_name(remote) or self.kind} (rpc key {spec.key})"
+        self.device_name = f"{remote.device_name or self.kind} (rpc key {spec.key})"
         # what tuning reads from the device (MetaSchedule's GPU rules), kept for when no session is open
         self.remote = types.SimpleNamespace(
             **{a: getattr(remote, a) for a in ("max_threads_per_block", "max_shared_memory_per_block",
