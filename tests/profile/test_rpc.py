@@ -126,7 +126,8 @@ def test_rpc_timeout_setting_is_checked(monkeypatch):
 @pytest.mark.slow
 def test_tuning_spreads_over_two_loopback_servers(tmp_path):
     """One tracker, two rpc_servers with the same key (as one per GPU of a host): with --rpc-workers left
-    at its default, the tuner measures candidates on both, and every trial is kept once."""
+    at its default, the tuner measures candidates on both, every trial is kept once, and each runner worker
+    measures its candidates in one session."""
     from opbench.profile.rpc import LocalFarm
 
     pytest.importorskip("xgboost")
@@ -137,6 +138,9 @@ def test_tuning_spreads_over_two_loopback_servers(tmp_path):
         sessions = farm.sessions()
     assert proc.returncode == 0, proc.stderr
     assert len(sessions) == 2 and all(n >= 1 for n in sessions), sessions  # both servers measured
+    # each runner worker keeps its session: fewer sessions than the 8 candidates, where one per candidate
+    # costs a GPU server (which must not fork) a new interpreter and CUDA context each
+    assert sum(sessions) < 8, sessions
     tuning = json.loads((tmp_path / "t.json").read_text())["tuning"]
     assert tuning["trials"] == 8 and tuning["trials_per_s"] > 0
     with closing(sqlite3.connect(path)) as conn:
@@ -163,3 +167,77 @@ def test_a_gpu_server_does_not_fork_and_a_cpu_server_may():
     gpu = server_args("127.0.0.1:9190", "h100", gpu=True)
     assert gpu[:5] == ["tvm.exec.rpc_server", "--tracker", "127.0.0.1:9190", "--key", "h100"] and "--no-fork" in gpu
     assert "--no-fork" not in server_args("127.0.0.1:9190", "cpu", gpu=False)
+
+
+class _FakeSession:
+    def __init__(self):
+        self.files: dict[str, str] = {}
+        self.loaded: list[str] = []
+
+    def upload(self, local, name):
+        self.files[name] = local
+
+    def load_module(self, name):
+        self.loaded.append(name)
+        return name
+
+    def remove(self, name):
+        self.files.pop(name, None)
+
+
+class _FakeConfig:
+    tracker_host, tracker_port, tracker_key, session_priority, session_timeout_sec = "h", 1, "k", 1, 60
+
+    def __init__(self):
+        self.opened: list[tuple[_FakeSession, int]] = []
+
+    def connect_tracker(self):
+        config = self
+
+        class Tracker:
+            def request(self, key, priority, session_timeout):
+                session = _FakeSession()
+                config.opened.append((session, session_timeout))
+                return session
+
+        return Tracker()
+
+
+def test_a_runner_worker_keeps_its_session_and_names_each_upload(monkeypatch):
+    """Candidates of one runner worker share a session (a server that does not fork pays a new interpreter
+    per session); each is uploaded under a name of its own (every artifact has the same file name) and
+    removed after; the session is opened anew before the server would end it."""
+    from opbench.profile import rpc
+
+    monkeypatch.setattr(rpc, "_kept", {})
+    now = [0.0]
+    monkeypatch.setattr(rpc.time, "monotonic", lambda: now[0])
+    config = _FakeConfig()
+    first = rpc.kept_session(config)
+    names = []
+    for _ in range(3):
+        session = rpc.kept_session(config)
+        names.append(rpc.kept_upload(session, "/tmp/a/tvm_tmp_mod.tar", "tvm_tmp_mod.tar"))
+        rpc.kept_cleanup(session, "tvm_tmp_mod.tar")
+    assert session is first and len(config.opened) == 1 and config.opened[0][1] >= 3 * 60
+    assert len(set(names)) == 3 and all(n.endswith("tvm_tmp_mod.tar") for n in names)
+    assert first.files == {}  # every candidate's file removed, the session kept
+    now[0] = config.opened[0][1] - 60  # the next candidate could outlive the session on the server
+    assert rpc.kept_session(config) is not first and len(config.opened) == 2
+
+
+def test_a_session_that_failed_is_not_kept(monkeypatch):
+    """A kernel's fault stays with the remote CUDA context: after any failure the worker opens a new session."""
+    from opbench.profile import rpc
+
+    monkeypatch.setattr(rpc, "_kept", {})
+    config = _FakeConfig()
+    session = rpc.kept_session(config)
+
+    def fault(*args):
+        raise RuntimeError("CUDA: an illegal memory access was encountered")
+
+    monkeypatch.setattr("tvm.s_tir.meta_schedule.runner.rpc_runner.default_run_evaluator", fault)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        rpc.kept_run_evaluator(session, "mod", None, None, [])
+    assert rpc.kept_session(config) is not session and len(config.opened) == 2

@@ -77,6 +77,91 @@ def valid_key(key: str | None) -> bool:
     return bool(key) and bool(str(key).strip()) and not any(c.isspace() or c == ":" for c in str(key))
 
 
+# Kept sessions ------------------------------------------------------------------------------------------
+# MetaSchedule's RPCRunner opens a session for every candidate. A GPU's server must not fork
+# (``server_args``), so each session is a new interpreter that imports TVM and creates a CUDA context:
+# 5-8 s per candidate on an H100 host, against well under a second of measuring. The functions below,
+# given to the runner, keep one session per runner worker process (each worker measures one candidate at
+# a time) and open a new one only when the kept one failed or nears its time limit on the server. Each
+# candidate is uploaded under a name of its own: the runner names every artifact alike, and a server
+# that loaded a library from a path would be handed the same library again for a new file there.
+
+#: the life a kept session asks the tracker for (the server ends a session older than this)
+KEPT_SESSION_S = 300.0
+_kept: dict[tuple[str, int, str], tuple[Any, float, float]] = {}  # (host, port, key): session, opened, limit
+_uploaded: dict[str, str] = {}  # the runner's remote path -> this candidate's own name there
+_uploads = iter(range(1 << 62))
+
+
+def _forget(session: Any) -> None:
+    for where, (kept, _, _) in list(_kept.items()):
+        if kept is session:
+            del _kept[where]
+
+
+def kept_session(rpc_config: Any) -> Any:
+    """``f_create_session`` of MetaSchedule's ``RPCRunner``: this worker's kept session, or a new one when
+    it has none or the kept one would reach its time limit during the next candidate."""
+    where = (rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key)
+    per_candidate = float(rpc_config.session_timeout_sec or 60)
+    kept = _kept.get(where)
+    if kept is not None and time.monotonic() - kept[1] < kept[2] - per_candidate - 5:
+        return kept[0]
+    _kept.pop(where, None)  # released: the server serves the next session
+    limit = max(KEPT_SESSION_S, 3 * per_candidate)
+    session = rpc_config.connect_tracker().request(key=rpc_config.tracker_key, priority=rpc_config.session_priority,
+                                                   session_timeout=int(limit))
+    _kept[where] = (session, time.monotonic(), limit)
+    return session
+
+
+def kept_upload(session: Any, local_path: str, remote_path: str) -> Any:
+    """``f_upload_module``: the candidate uploaded under a name of its own and loaded."""
+    name = f"c{next(_uploads)}-{remote_path}"
+    _uploaded[remote_path] = name
+    try:
+        session.upload(local_path, name)
+        return session.load_module(name)
+    except BaseException:
+        _forget(session)
+        raise
+
+
+def kept_alloc_argument(session: Any, device: Any, args_info: Any, alloc_repeat: int) -> Any:
+    """``f_alloc_argument``: MetaSchedule's, and a session that failed is not kept."""
+    from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument
+
+    try:
+        return default_alloc_argument(session, device, args_info, alloc_repeat)
+    except BaseException:
+        _forget(session)
+        raise
+
+
+def kept_run_evaluator(session: Any, rt_mod: Any, device: Any, evaluator_config: Any, repeated_args: Any) -> Any:
+    """``f_run_evaluator``: MetaSchedule's, and a session that failed (a kernel's fault stays with its CUDA
+    context) is not kept."""
+    from tvm.s_tir.meta_schedule.runner.rpc_runner import default_run_evaluator
+
+    try:
+        return default_run_evaluator(session, rt_mod, device, evaluator_config, repeated_args)
+    except BaseException:
+        _forget(session)
+        raise
+
+
+def kept_cleanup(session: Any, remote_path: str | None) -> None:
+    """``f_cleanup``: the candidate's files removed; the session and its folder stay."""
+    name = _uploaded.pop(remote_path, None) if remote_path else None
+    if session is None or name is None:
+        return
+    try:
+        session.remove(name)
+        session.remove(name + ".so")
+    except BaseException:  # a session that cannot remove a file serves no next candidate
+        _forget(session)
+
+
 @dataclasses.dataclass(frozen=True)
 class RPCSpec:
     """Where remote devices are: a tracker address and the key they registered with.
@@ -157,7 +242,9 @@ class RPCSpec:
                        lambda: tracker.request(self.key, priority=1, session_timeout=self.session_s))
 
     def runner(self, evaluator_config: Any, timeout_sec: float = 60) -> Any:
-        """MetaSchedule's ``RPCRunner`` for these devices (``timeout_sec`` bounds each candidate's session)."""
+        """MetaSchedule's ``RPCRunner`` for these devices (``timeout_sec`` bounds each candidate), each of
+        its workers keeping one session across candidates (:func:`kept_session`) unless there are more
+        workers than devices."""
         from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner
 
         config = RPCConfig(tracker_host=self.host, tracker_port=self.port, tracker_key=self.key,
@@ -165,7 +252,13 @@ class RPCSpec:
         workers = self.workers or self.check()
         log.info("tuning: candidates measured on up to %d device%s with key '%s' at %s", workers,
                  "s" if workers != 1 else "", self.key, self.address)
-        return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers)
+        if self.workers is not None and workers > self.check():  # more workers than devices: a kept
+            # session would hold a device that another worker waits for
+            return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers)
+        return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers,
+                         f_create_session=kept_session, f_upload_module=kept_upload,
+                         f_alloc_argument=kept_alloc_argument, f_run_evaluator=kept_run_evaluator,
+                         f_cleanup=kept_cleanup)
 
 
 class RemoteModule:
