@@ -246,15 +246,18 @@ class CapturedSchedule:
     def dump(self, path: str | Path) -> Path:
         """Write the schedule's CUDA Graph to ``path`` in Graphviz DOT (``torch.cuda.CUDAGraph.debug_dump``: every
         kernel node, the edges between them, and which stream's work each came from): the schedule's operators
-        are captured once more with the graph's template kept (replays still use the first capture). ``dot
-        -Tsvg`` draws it. Returns ``path``."""
+        are captured once more with the graph's template kept, and later calls replay this capture (a capture
+        binds the operators' outputs to its own memory, so the first one would no longer fill the tensors
+        that calls return). ``dot -Tsvg`` draws it. Returns ``path``."""
         from .runtime.graphs import capture_graph
 
         if not self.backend.is_cuda:
             raise OpBenchError("dump writes the schedule's CUDA Graph: a schedule on the CPU runs its streams as "
                                "threads and has none")
         check_output_path(path, "path")
-        capture_graph(self.executor.launch_all, keep=True).dump(path)
+        graph = capture_graph(self.executor.launch_all, keep=True)
+        self.executor.cuda_graph = graph
+        graph.dump(path)
         return Path(path)
 
     def __call__(self, *inputs: Any) -> Any:

@@ -442,3 +442,33 @@ def test_a_dump_that_wrote_nothing_is_an_error(tmp_path):
     with pytest.raises(OpBenchError, match="CUDA wrote no graph"):
         CapturedGraph(Silent()).dump(tmp_path / "graph.dot")
     assert not (tmp_path / "graph.dot").exists()
+
+
+def test_calls_after_a_dump_replay_the_capture_whose_outputs_they_return(tmp_path, monkeypatch):
+    """A capture binds the operators' outputs to its own memory: after ``dump`` captured the schedule once
+    more, replaying the first capture would leave the returned tensors stale (seen on an H100: every output
+    wrong after a dump). The dumped capture is the one later calls replay."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import opbench.runtime.graphs as graphs
+    from opbench.parallel import CapturedSchedule
+
+    class Graph:  # a capture: the backend's outputs now live in this graph's memory, which replay fills
+        def __init__(self, backend):
+            backend.out = self.memory = [0]
+
+        def replay(self):
+            self.memory[0] += 1
+
+        def dump(self, path):
+            Path(path).write_text("digraph {}")
+
+    backend = SimpleNamespace(is_cuda=True, out=None)
+    run = object.__new__(CapturedSchedule)
+    run.backend = backend
+    run.executor = SimpleNamespace(launch_all=None, cuda_graph=Graph(backend))
+    monkeypatch.setattr(graphs, "capture_graph", lambda launch, keep=False: Graph(backend))
+    assert run.dump(tmp_path / "graph.dot").read_text().startswith("digraph")
+    run.executor.cuda_graph.replay()
+    assert backend.out == [1]
