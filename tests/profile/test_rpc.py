@@ -173,6 +173,12 @@ class _FakeSession:
     def __init__(self):
         self.files: dict[str, str] = {}
         self.loaded: list[str] = []
+        self.ended = False
+
+    def get_function(self, name):
+        if self.ended:
+            raise ConnectionResetError("the server ended the session")
+        return name
 
     def upload(self, local, name):
         self.files[name] = local
@@ -223,7 +229,10 @@ def test_a_runner_worker_keeps_its_session_and_names_each_upload(monkeypatch):
     assert len(set(names)) == 3 and all(n.endswith("tvm_tmp_mod.tar") for n in names)
     assert first.files == {}  # every candidate's file removed, the session kept
     now[0] = config.opened[0][1] - 60  # the next candidate could outlive the session on the server
-    assert rpc.kept_session(config) is not first and len(config.opened) == 2
+    second = rpc.kept_session(config)
+    assert second is not first and len(config.opened) == 2
+    second.ended = True  # ended on the server's side: not handed out again
+    assert rpc.kept_session(config) is not second and len(config.opened) == 3
 
 
 def test_a_session_that_failed_is_not_kept(monkeypatch):

@@ -101,12 +101,18 @@ def _forget(session: Any) -> None:
 
 def kept_session(rpc_config: Any) -> Any:
     """``f_create_session`` of MetaSchedule's ``RPCRunner``: this worker's kept session, or a new one when
-    it has none or the kept one would reach its time limit during the next candidate."""
+    it has none, the kept one no longer answers, or it would reach its time limit during the next
+    candidate."""
     where = (rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key)
     per_candidate = float(rpc_config.session_timeout_sec or 60)
     kept = _kept.get(where)
     if kept is not None and time.monotonic() - kept[1] < kept[2] - per_candidate - 5:
-        return kept[0]
+        try:
+            kept[0].get_function("tvm.rpc.server.remove")  # a round trip: a session its server ended is
+            # not handed out (a function every server has; the cleanup calls it)
+            return kept[0]
+        except Exception:
+            pass
     _kept.pop(where, None)  # released: the server serves the next session
     limit = max(KEPT_SESSION_S, 3 * per_candidate)
     session = rpc_config.connect_tracker().request(key=rpc_config.tracker_key, priority=rpc_config.session_priority,
