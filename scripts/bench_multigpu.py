@@ -59,20 +59,22 @@ def sweep_rows(db: Path) -> dict:
 
 def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
     result: dict = {}
+
+    def collect(models: str, batches: str, subset: list[str], tag: str) -> tuple[int | str, float]:
+        argv = ["collect", "--modelsource", "local", "--modelname", models, "--batchsize", batches, "--dtype",
+                args.dtype, "--target", args.target, "--devices", ",".join(subset), "--dataset",
+                str(out / f"{tag}.sqlite"), "--json", str(out / f"{tag}.json"), "-q"]
+        code, wall, _ = run_opbench(argv, env, out / f"{tag}.log", args.limit)
+        return code, wall
+
     if args.warmup:  # fill what the first sweep would otherwise pay alone (imports, the compiler's header cache)
         model = args.models.split(",")[-1]
-        code, wall, _ = run_opbench(["collect", "--modelsource", "local", "--modelname", model, "--batchsize", "1",
-                                     "--dtype", args.dtype, "--target", args.target, "--devices", devices[0],
-                                     "--dataset", str(out / "warmup.sqlite"), "-q"], env, out / "warmup.log",
-                                    args.limit)
+        code, wall = collect(model, "1", devices[:1], "warmup")
         result["warmup"] = {"model": model, "exit": code, "wall_s": round(wall, 1)}
     runs = {"1": ("1", devices[:1]), "N": (str(len(devices)), devices)}
     for label, subset in (runs[key] for key in args.order.split(",")):
         db = out / f"sweep_{label}.sqlite"
-        argv = ["collect", "--modelsource", "local", "--modelname", args.models, "--batchsize", args.batches,
-                "--dtype", args.dtype, "--target", args.target, "--devices", ",".join(subset), "--dataset", str(db),
-                "--json", str(out / f"sweep_{label}.json"), "-q"]
-        code, wall, _ = run_opbench(argv, env, out / f"sweep_{label}.log", args.limit)
+        code, wall = collect(args.models, args.batches, subset, f"sweep_{label}")
         result[f"{label} device{'s' if label != '1' else ''}"] = {"exit": code, "wall_s": round(wall, 1),
                                                                    **sweep_rows(db)}
     result["order"] = args.order

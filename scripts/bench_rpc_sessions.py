@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _cli import ROOT
 
 
 def one_run(src: Path, out: Path, args: argparse.Namespace) -> dict:

@@ -249,15 +249,11 @@ class CapturedSchedule:
         are captured once more with the graph's template kept, and later calls replay this capture (a capture
         binds the operators' outputs to its own memory, so the first one would no longer fill the tensors
         that calls return). ``dot -Tsvg`` draws it. Returns ``path``."""
-        from .runtime.graphs import capture_graph
-
         if not self.backend.is_cuda:
             raise OpBenchError("dump writes the schedule's CUDA Graph: a schedule on the CPU runs its streams as "
                                "threads and has none")
         check_output_path(path, "path")
-        graph = capture_graph(self.executor.launch_all, keep=True)
-        self.executor.cuda_graph = graph
-        graph.dump(path)
+        self.executor.capture(keep=True).cuda_graph.dump(path)
         return Path(path)
 
     def __call__(self, *inputs: Any) -> Any:

@@ -451,7 +451,7 @@ def test_calls_after_a_dump_replay_the_capture_whose_outputs_they_return(tmp_pat
     from pathlib import Path
     from types import SimpleNamespace
 
-    import opbench.runtime.graphs as graphs
+    import opbench.runtime.executor as executor
     from opbench.parallel import CapturedSchedule
 
     class Graph:  # a capture: the backend's outputs now live in this graph's memory, which replay fills
@@ -467,8 +467,9 @@ def test_calls_after_a_dump_replay_the_capture_whose_outputs_they_return(tmp_pat
     backend = SimpleNamespace(is_cuda=True, out=None)
     run = object.__new__(CapturedSchedule)
     run.backend = backend
-    run.executor = SimpleNamespace(launch_all=None, cuda_graph=Graph(backend))
-    monkeypatch.setattr(graphs, "capture_graph", lambda launch, keep=False: Graph(backend))
+    run.executor = object.__new__(executor.ParallelExecutor)  # its capture, with the graph faked
+    run.executor.cuda_graph = Graph(backend)
+    monkeypatch.setattr(executor, "capture_graph", lambda launch, keep=False: Graph(backend))
     assert run.dump(tmp_path / "graph.dot").read_text().startswith("digraph")
     run.executor.cuda_graph.replay()
     assert backend.out == [1]

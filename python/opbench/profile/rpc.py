@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import logging
 import os
 import signal
@@ -88,15 +89,21 @@ def valid_key(key: str | None) -> bool:
 
 #: the life a kept session asks the tracker for (the server ends a session older than this)
 KEPT_SESSION_S = 300.0
-_kept: dict[tuple[str, int, str], tuple[Any, float, float]] = {}  # (host, port, key): session, opened, limit
+_kept: dict[tuple[str, int, str], tuple[Any, float]] = {}  # (host, port, key): the session, when it opened
 _uploaded: dict[str, str] = {}  # the runner's remote path -> this candidate's own name there
-_uploads = iter(range(1 << 62))
+_uploads = itertools.count()
 
 
-def _forget(session: Any) -> None:
-    for where, (kept, _, _) in list(_kept.items()):
-        if kept is session:
-            del _kept[where]
+@contextlib.contextmanager
+def _forgotten_on_failure(session: Any) -> Any:
+    """A session that failed at anything is not kept: the next candidate gets a new one."""
+    try:
+        yield
+    except BaseException:
+        for where, (kept, _) in list(_kept.items()):
+            if kept is session:
+                del _kept[where]
+        raise
 
 
 def kept_session(rpc_config: Any) -> Any:
@@ -105,8 +112,9 @@ def kept_session(rpc_config: Any) -> Any:
     candidate."""
     where = (rpc_config.tracker_host, rpc_config.tracker_port, rpc_config.tracker_key)
     per_candidate = float(rpc_config.session_timeout_sec or 60)
+    limit = max(KEPT_SESSION_S, 3 * per_candidate)
     kept = _kept.get(where)
-    if kept is not None and time.monotonic() - kept[1] < kept[2] - per_candidate - 5:
+    if kept is not None and time.monotonic() - kept[1] < limit - per_candidate - 5:
         try:
             kept[0].get_function("tvm.rpc.server.remove")  # a round trip: a session its server ended is
             # not handed out (a function every server has; the cleanup calls it)
@@ -114,10 +122,9 @@ def kept_session(rpc_config: Any) -> Any:
         except Exception:
             pass
     _kept.pop(where, None)  # released: the server serves the next session
-    limit = max(KEPT_SESSION_S, 3 * per_candidate)
     session = rpc_config.connect_tracker().request(key=rpc_config.tracker_key, priority=rpc_config.session_priority,
                                                    session_timeout=int(limit))
-    _kept[where] = (session, time.monotonic(), limit)
+    _kept[where] = (session, time.monotonic())
     return session
 
 
@@ -125,23 +132,17 @@ def kept_upload(session: Any, local_path: str, remote_path: str) -> Any:
     """``f_upload_module``: the candidate uploaded under a name of its own and loaded."""
     name = f"c{next(_uploads)}-{remote_path}"
     _uploaded[remote_path] = name
-    try:
+    with _forgotten_on_failure(session):
         session.upload(local_path, name)
         return session.load_module(name)
-    except BaseException:
-        _forget(session)
-        raise
 
 
 def kept_alloc_argument(session: Any, device: Any, args_info: Any, alloc_repeat: int) -> Any:
     """``f_alloc_argument``: MetaSchedule's, and a session that failed is not kept."""
     from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument
 
-    try:
+    with _forgotten_on_failure(session):
         return default_alloc_argument(session, device, args_info, alloc_repeat)
-    except BaseException:
-        _forget(session)
-        raise
 
 
 def kept_run_evaluator(session: Any, rt_mod: Any, device: Any, evaluator_config: Any, repeated_args: Any) -> Any:
@@ -149,11 +150,8 @@ def kept_run_evaluator(session: Any, rt_mod: Any, device: Any, evaluator_config:
     context) is not kept."""
     from tvm.s_tir.meta_schedule.runner.rpc_runner import default_run_evaluator
 
-    try:
+    with _forgotten_on_failure(session):
         return default_run_evaluator(session, rt_mod, device, evaluator_config, repeated_args)
-    except BaseException:
-        _forget(session)
-        raise
 
 
 def kept_cleanup(session: Any, remote_path: str | None) -> None:
@@ -161,11 +159,10 @@ def kept_cleanup(session: Any, remote_path: str | None) -> None:
     name = _uploaded.pop(remote_path, None) if remote_path else None
     if session is None or name is None:
         return
-    try:
+    # a session that cannot remove a file serves no next candidate; the candidate's own result stands
+    with contextlib.suppress(BaseException), _forgotten_on_failure(session):
         session.remove(name)
         session.remove(name + ".so")
-    except BaseException:  # a session that cannot remove a file serves no next candidate
-        _forget(session)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,16 +252,16 @@ class RPCSpec:
 
         config = RPCConfig(tracker_host=self.host, tracker_port=self.port, tracker_key=self.key,
                            session_timeout_sec=int(max(timeout_sec, self.timeout_s)))
-        workers = self.workers or self.check()
+        devices = self.check()
+        workers = self.workers or devices
         log.info("tuning: candidates measured on up to %d device%s with key '%s' at %s", workers,
                  "s" if workers != 1 else "", self.key, self.address)
-        if self.workers is not None and workers > self.check():  # more workers than devices: a kept
-            # session would hold a device that another worker waits for
-            return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers)
+        kept = {"f_create_session": kept_session, "f_upload_module": kept_upload,
+                "f_alloc_argument": kept_alloc_argument, "f_run_evaluator": kept_run_evaluator,
+                "f_cleanup": kept_cleanup}
+        # with more workers than devices, a kept session would hold a device that another worker waits for
         return RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=workers,
-                         f_create_session=kept_session, f_upload_module=kept_upload,
-                         f_alloc_argument=kept_alloc_argument, f_run_evaluator=kept_run_evaluator,
-                         f_cleanup=kept_cleanup)
+                         **(kept if workers <= devices else {}))
 
 
 class RemoteModule:

@@ -94,9 +94,11 @@ class ParallelExecutor:
         rank = sum(1 for s in range(index) if self.schedule.sm_group_of[s] == group)
         return self._partitions.stream(group, rank, priority)
 
-    def capture(self) -> ParallelExecutor:
-        """Warm up once on the streams, then capture the whole schedule in a CUDA Graph."""
-        self.cuda_graph = capture_graph(self.launch_all)
+    def capture(self, keep: bool = False) -> ParallelExecutor:
+        """Warm up once on the streams, then capture the whole schedule in a CUDA Graph, which later runs
+        replay (a capture binds the operators' outputs to its own memory; ``keep``: as in
+        :func:`~opbench.runtime.graphs.capture_graph`, for :meth:`CapturedGraph.dump`)."""
+        self.cuda_graph = capture_graph(self.launch_all, keep=keep)
         return self
 
     def replay(self) -> None:
