@@ -20,7 +20,8 @@ The packages follow the data flow of the tool (docs/architecture.md gives their 
   :class:`~opbench.pipeline.collect.CollectJob` (what ``opbench collect`` runs), :func:`opbench.sweep` a
   :class:`~opbench.pipeline.sweep.SweepJob`, :func:`opbench.compare` a
   :class:`~opbench.pipeline.compare_job.CompareJob` (of a :class:`~opbench.pipeline.spec.ModelSpec` and a
-  :class:`~opbench.pipeline.compile.BackendSpec`)
+  :class:`~opbench.pipeline.compile.BackendSpec`), :func:`opbench.sample` a
+  :class:`~opbench.pipeline.sample.SampleJob` (tensor programs sampled and measured: ``opbench sample``)
 * :mod:`opbench.cli`      the ``opbench`` command
 """
 
@@ -28,7 +29,8 @@ from ._version import __version__
 from .errors import OpBenchError
 
 __all__ = ["BackendSpec", "CaptureOptions", "CollectJob", "CompareJob", "CompareOptions", "MeasureSpec", "ModelSpec",
-           "OpBenchError", "SweepJob", "__version__", "capturer", "collect", "compare", "load", "optimize", "sweep"]
+           "OpBenchError", "SampleJob", "SweepJob", "__version__", "capturer", "collect", "compare", "load", "optimize",
+           "sample", "sweep"]
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
@@ -37,6 +39,7 @@ _LAZY = {
     "CollectJob": ("pipeline.collect", "CollectJob"), "compare": ("pipeline.compare_job", "run_compare"),
     "CompareJob": ("pipeline.compare_job", "CompareJob"), "CompareOptions": ("pipeline.compare", "CompareOptions"),
     "sweep": ("pipeline.sweep", "sweep"), "SweepJob": ("pipeline.sweep", "SweepJob"),
+    "sample": ("pipeline.sample", "sample"), "SampleJob": ("pipeline.sample", "SampleJob"),
     "ModelSpec": ("pipeline.spec", "ModelSpec"), "MeasureSpec": ("pipeline.spec", "MeasureSpec"),
     "BackendSpec": ("pipeline.compile", "BackendSpec"), "load": ("dataset", "load"),
 }

@@ -202,6 +202,10 @@ def test_json_to_stdout_with_run_and_environment(tmp_path):
     assert abs(sum(k["share"] for k in summary["by_kind"]) - 1) < 1e-9
     assert summary["top_operators"][0]["latency_ms"] >= summary["top_operators"][-1]["latency_ms"]
     assert "by kind:" in proc.stderr and "#  operator" in proc.stderr
+    phases = summary["phases_s"]  # where the process's time went, phase by phase, in order
+    assert list(phases) == ["load", "compile", "check", "measure", "model"]
+    assert all(s >= 0 for s in phases.values()) and phases["compile"] >= summary["compile_s"]
+    assert phases["measure"] >= summary["measure_s"] and sum(phases.values()) < summary["process_s"]
 
 
 @pytest.mark.slow

@@ -36,12 +36,12 @@ def _trials(path: Path) -> list[dict]:
 def sampled(tmp_path_factory):
     """One run: simple matmul on llvm, 3 candidates each, two CPU measuring workers, an audit of
     every candidate, exported as a MetaSchedule database."""
-    from opbench.pipeline.sample import SampleJob, sample
+    import opbench  # the public names: opbench.sample(opbench.SampleJob(...))
 
     work = tmp_path_factory.mktemp("sample")
-    job = SampleJob(models=(MODEL,), source="simple", per_task=3, builders=1, devices=(0, 1), audit=1.0,
-                    dataset=str(work / "ds.sqlite"), export_database=str(work / "db"))
-    return job, sample(job, command="test")
+    job = opbench.SampleJob(models=(MODEL,), source="simple", per_task=3, builders=1, devices=(0, 1), audit=1.0,
+                            dataset=str(work / "ds.sqlite"), export_database=str(work / "db"))
+    return job, opbench.sample(job, command="test")
 
 
 @pytest.mark.slow

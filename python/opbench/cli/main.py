@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -299,8 +300,11 @@ def _collect(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
                              seed=args.seed, database=database_dir)
     point = points[0]
     args.dtype = point.dtype
-    code, summary = _collect_point(args, load_model(args, point.batch), target, profiler, path, options, tuner,
-                                   command, compare)
+    loading = time.perf_counter()
+    workload = load_model(args, point.batch)
+    load_s = time.perf_counter() - loading
+    code, summary = _collect_point(args, workload, target, profiler, path, options, tuner, command, compare)
+    summary["phases_s"] = {"load": load_s, **summary["phases_s"]}
     if args.json:
         write_json(args.json, summary)
     return code
@@ -385,6 +389,8 @@ def _collect_point(args: argparse.Namespace, workload: Any, target: Any, profile
 
 def _collect_summary(result: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The collect JSON: the run, the keys, the latencies, per-kind totals, environment and co-runs."""
+    import psutil
+
     from ..dataset import SCHEMA_VERSION
 
     workload, m = result.workload, result.model_row
@@ -401,7 +407,9 @@ def _collect_summary(result: Any, args: argparse.Namespace) -> dict[str, Any]:
            for q in PERCENTILES},
         "vm_run_id": m["run_id"],
         "replay_rel_error": m["replay_rel_error"], "compile_s": result.compile_s,
-        "measure_s": result.measure_s, "dataset": os.path.abspath(result.dataset_path),
+        "measure_s": result.measure_s, "phases_s": dict(result.phases_s),
+        "process_s": time.time() - psutil.Process().create_time(),  # startup: what the phases leave of it
+        "dataset": os.path.abspath(result.dataset_path),
         **kind_totals(result.rows), "environment": result.tags, **result.corun,
     }
 

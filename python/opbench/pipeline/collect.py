@@ -209,10 +209,25 @@ class CollectResult:
     model_row_written: bool = True
     resources: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     corun: dict[str, Any] = dataclasses.field(default_factory=dict)
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     kernels: OperatorKernels | None = None
     built: Any = None
     inputs: list[Any] | None = None
     values: dict[int, list[Any]] | None = None
+
+
+class PhaseClock:
+    """Seconds spent in each phase of a job, in order: one clock, read as each phase ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap (or the clock's start) to ``phase``."""
+        now_ = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now_ - self._last
+        self._last = now_
 
 
 def progress(items: Iterable[Any], enabled: bool, desc: str, total: int, unit: str = "op") -> Iterator[Any]:
@@ -285,6 +300,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
 
     options = options or CollectOptions()
     profiler = profiler or LocalProfiler()
+    clock = PhaseClock()
     tags = {**environment_tags(target), **profiler.tags()}
     with recorded_run(dataset, command, {**tags, **profiler.run_facts()}) as run, contextlib.ExitStack() as measuring:
         run_id = run.run_id
@@ -292,6 +308,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
         compiled = compile_workload(workload, target, options.database, options.exclude,
                                     device=getattr(profiler, "remote", None))
         graph, built = compiled.graph, compiled.built
+        clock.lap("compile")  # extraction, lowering and the build (compile_s: the build alone)
         key = measurement_key(workload, target, compiled.config, options.timing.flush_l2, profiler.device(target))
         _phase("%s: %d operators, %d unique tasks; compiled in %.1f s", workload.name, len(graph),
                len(graph.tasks()), built.compile_seconds)
@@ -314,6 +331,7 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             if error > (options.tolerance if options.tolerance is not None else REPLAY_TOLERANCE[workload.dtype]):
                 log.warning("per-operator replay differs from the Relax VM: relative error %.3g", error)
         resources = profiler.resources(kernels)
+        clock.lap("check")  # the kernels placed, replayed once, checked against the VM, their resources read
         tasks = graph.tasks()
         timed: dict[str, tuple[Timing | None, str | None]] = {}
         measured = skipped = failed = 0
@@ -346,12 +364,14 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
                 failed += 1
             dataset.put("operators", row)
         measure_s = time.perf_counter() - start
+        clock.lap("measure")
         rows = dataset.rows("operators", key_only(key))
         corun_summary = {}
         if profiler.corun_limit:
             _phase("measuring co-run groups")
             corun_summary = _collect_coruns(kernels, inputs, values, profiler, dataset, options, key,
                                             {**tags, "run_id": run_id})
+            clock.lap("corun")
         existing = dataset.rows("models", key_only(key))
         write_model = bool(measured or failed or options.force or not existing)
         if write_model:
@@ -377,9 +397,10 @@ def collect(workload: Workload, target: Any, dataset: Dataset, options: CollectO
             model_row = existing[-1]
             log.info("nothing new to measure: the %d operators are in the dataset from run %s "
                      "(--force measures again)", len(rows), model_row["run_id"])
+        clock.lap("model")  # the whole model timed in the Relax VM and its row written
         result = CollectResult(workload, graph, rows, model_row, measured, skipped, failed,
                                built.compile_seconds, measure_s, str(dataset.path), run_id, key, tags,
-                               write_model, resources, corun_summary)
+                               write_model, resources, corun_summary, clock.seconds)
         if built.device.dlpack_device_type() < 128:  # kernels on this machine stay usable (--ifcompare)
             result.kernels, result.built, result.inputs, result.values = kernels, built, inputs, values
         else:  # remote: nothing keeps the session, so the device is free after this collection
