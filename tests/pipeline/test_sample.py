@@ -326,6 +326,16 @@ def test_tasks_only_prepares_a_cuda_job_without_a_gpu(tmp_path, monkeypatch):
     with Dataset(dataset) as ds:
         tasks = extract(job, check_job(job), resolve_target(target, local_device=False), ds)
     assert len(tasks) == 5
+    import tvm
+
+    parsed, parse = [], tvm.ir.load_json
+    monkeypatch.setattr(tvm.ir, "load_json", lambda text: parsed.append(text) or parse(text))
+    one = dataclasses.replace(job, models=("matmul:n=64",))  # a job of one model parses its own tasks only
+    with Dataset(dataset) as ds:
+        mine = extract(one, check_job(one), resolve_target(target, local_device=False), ds)
+    assert 0 < len(mine) < 5 and len(parsed) == len(mine)
+    assert all(u["requested"] == "matmul:n=64" for t in mine for u in t.uses)
+    monkeypatch.setattr(tvm.ir, "load_json", parse)
     again = sample(dataclasses.replace(job, tasks_only=True), command="test")  # nothing new to extract
     assert len(again.tasks) == 5 and again.stats.records == 0
     with pytest.raises(Exception, match="devices: measures, and tasks_only samples nothing"):

@@ -259,11 +259,11 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
 
     tasks: dict[str, SampledTask] = {}
     ms_target = tuning_target(target)
-    stored = _stored_tasks(dataset, canonical_target(ms_target)) if dataset is not None else []
+    wanted = {(job.source, name, batch, dtype) for name, batch, dtype in points}
+    stored = _stored_tasks(dataset, canonical_target(ms_target), wanted) if dataset is not None else []
     for i, (name, batch, dtype) in enumerate(points, 1):
         point = (job.source, name, batch, dtype)
-        known = [(t, u) for t in stored for u in t.uses
-                 if (u["source"], u.get("requested", u["model"]), u["batch_size"], u["dtype"]) == point]
+        known = [(t, u) for t in stored for u in t.uses if _point_of(u) == point]
         if known:
             for task, use in known:
                 if task.key not in tasks:
@@ -301,14 +301,22 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
     return ordered[: job.tasks_limit] if job.tasks_limit else ordered
 
 
-def _stored_tasks(dataset: Dataset, target_json: str) -> list[SampledTask]:
-    """The tasks a dataset holds for this target, with every use recorded."""
+def _point_of(use: dict[str, Any]) -> tuple[Any, ...]:
+    """The point (source, model as asked for, batch size, dtype) a task's recorded use came from."""
+    return use["source"], use.get("requested", use["model"]), use["batch_size"], use["dtype"]
+
+
+def _stored_tasks(dataset: Dataset, target_json: str, points: set[tuple[Any, ...]]) -> list[SampledTask]:
+    """The tasks a dataset holds for this target that one of ``points`` uses, with every use recorded.
+
+    Only those tasks' modules are parsed: a records folder holds the tasks of every job of a collection,
+    and parsing them all costs seconds per thousand."""
     import tvm
 
     out = []
     for row in dataset.rows("tasks", {"target": target_json}):
         uses = json.loads(row["uses"]) if row["uses"] else []
-        if uses:
+        if any(_point_of(u) in points for u in uses):
             out.append(SampledTask(row["workload_id"], row["task"], tvm.ir.load_json(row["mod"]), row["dtype"],
                                    row["space"], float(row["flops"] or 0.0), uses))
     return out
