@@ -145,6 +145,10 @@ def build_module(lowered: tvm.IRModule, target: Any, database: Any = None) -> Bu
     if passes:
         with target:
             lowered = tvm.transform.Sequential(passes)(lowered)
+    if target.kind.name == "cuda":  # the kernels' resources are then read from this build's binary
+        from .resources import remember_cuda_binaries
+
+        remember_cuda_binaries()
     with build_context(lowered):
         executable = tvm.compile(lowered, target=target, relax_pipeline=_finalize_pipeline(target))
     return BuiltModule(executable, target, device_for(target), time.perf_counter() - start, lowered)

@@ -4,14 +4,59 @@ Resources are read the way Opara's launch order needs them: for each kernel of a
 grid and block, registers per thread, static and dynamic shared memory, and the occupancy the
 driver computes for that block size (``cuOccupancyMaxActiveBlocksPerMultiprocessor``). The cubin
 is compiled from the same CUDA source TVM generated (``tvm.support.nvcc``), and loaded with
-``cuModuleLoadData`` through ctypes.
+``cuModuleLoadData`` through ctypes. A binary this process's build compiled is loaded as it is
+(:func:`remember_cuda_binaries`): no second compilation of a model's kernels, and the figures are those
+of the kernels that run.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import hashlib
 import re
+import threading
 from typing import Any
+
+#: the CUDA binaries this process's builds compiled, by the digest of their source (the last few)
+_BINARIES: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+_KEEP = 8
+_LOCK = threading.Lock()
+_INSTALLED: list[Any] = []  # the callback :func:`remember_cuda_binaries` registered, once it has
+
+
+def _source_key(source: str) -> str:
+    return hashlib.sha256(str(source).encode()).hexdigest()
+
+
+def remember_cuda_binaries() -> None:
+    """Keep the binary of every CUDA compile of this process (TVM's ``tvm_callback_cuda_compile``, whichever
+    compiler is registered, wrapped) so that :func:`kernel_resources` loads it instead of compiling the
+    same source again. Idempotent; a compiler registered later replaces the wrapper (then resources
+    compile as before)."""
+    import tvm.support.nvcc  # noqa: F401  (registers TVM's callback)
+    import tvm_ffi
+
+    current = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    if current is None or (_INSTALLED and current.same_as(_INSTALLED[0])):
+        return
+
+    def compile_and_keep(code: str, *rest: Any) -> Any:
+        binary = current(code, *rest)
+        with _LOCK:
+            _BINARIES[_source_key(code)] = bytes(binary)
+            while len(_BINARIES) > _KEEP:
+                _BINARIES.popitem(last=False)
+        return binary
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_and_keep, override=True)
+    _INSTALLED[:] = [tvm_ffi.get_global_func("tvm_callback_cuda_compile")]
+
+
+def compiled_binary(source: str) -> bytes | None:
+    """The binary a build of this process compiled from ``source``, if it is still kept."""
+    with _LOCK:
+        return _BINARIES.get(_source_key(source))
 
 _ATTR_MAX_THREADS, _ATTR_SHARED, _ATTR_LOCAL, _ATTR_REGS = 0, 1, 3, 4
 
@@ -130,12 +175,14 @@ def kernel_resources(source: str, arch: str, scheduled: Any, funcs: list[str], s
     Each value holds ``kernels`` (a list of per-kernel dicts) and the figures of the kernel with
     the most threads in flight, which stands for the operator in the dataset row.
     """
-    from tvm.support.nvcc import compile_cuda
+    cubin = compiled_binary(source)
+    if cubin is None:  # built elsewhere (another process, a loaded library): compiled here once more
+        from tvm.support.nvcc import compile_cuda
 
-    try:
-        cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc")
-    except Exception:  # NVRTC missing or without headers: the nvcc command line
-        cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvcc")
+        try:
+            cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvrtc")
+        except Exception:  # NVRTC missing or without headers: the nvcc command line
+            cubin = compile_cuda(source, target_format="cubin", arch=arch, compiler="nvcc")
     driver = CudaDriver()
     module = driver.load(bytes(cubin))
     names = kernel_names(source)
