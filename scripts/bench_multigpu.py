@@ -57,6 +57,25 @@ def sweep_rows(db: Path) -> dict:
                        for m, b, u, g, c0, c1, t, v in models]}
 
 
+def point_phases(out: Path, tag: str) -> dict:
+    """Where the sweep's points spent their time, summed over the points (each point's ``phases_s`` and
+    ``process_s`` from its ``--json``; the rest of ``process_s`` is start-up), and each point's own."""
+    points = []
+    for state in out.glob(f"{tag}.sweep-*.json"):
+        for record in json.loads(state.read_text()).get("points", {}).values():
+            summary = record.get("summary") or {}
+            phases = dict(summary.get("phases_s") or {})
+            if phases and summary.get("process_s") is not None:
+                phases["startup"] = summary["process_s"] - sum(phases.values())
+            points.append({"model": record.get("model"), "batch": record.get("batch"), "seconds": record.get("seconds"),
+                           "phases_s": {k: round(v, 2) for k, v in phases.items()}})
+    totals: dict[str, float] = {}
+    for point in points:
+        for phase, seconds in point["phases_s"].items():
+            totals[phase] = round(totals.get(phase, 0.0) + seconds, 1)
+    return {"phases_s": totals, "point_phases": points}
+
+
 def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[str, str]) -> dict:
     result: dict = {}
 
@@ -75,8 +94,8 @@ def part_a(args: argparse.Namespace, devices: list[str], out: Path, env: dict[st
     for label, subset in (runs[key] for key in args.order.split(",")):
         db = out / f"sweep_{label}.sqlite"
         code, wall = collect(args.models, args.batches, subset, f"sweep_{label}")
-        result[f"{label} device{'s' if label != '1' else ''}"] = {"exit": code, "wall_s": round(wall, 1),
-                                                                   **sweep_rows(db)}
+        result[f"{label} device{'s' if label != '1' else ''}"] = {
+            "exit": code, "wall_s": round(wall, 1), **sweep_rows(db), **point_phases(out, f"sweep_{label}")}
     result["order"] = args.order
     one, many = result.get("1 device", {}).get("wall_s"), result.get(f"{len(devices)} devices", {}).get("wall_s")
     result["speedup"] = round(one / many, 3) if one and many else None
