@@ -180,10 +180,14 @@ def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     job.save(tmp_path / "job.json")
     assert SampleJob.load(tmp_path / "job.json") == job
     for bad, field in [({"per_task": 0}, "per_task"), ({"audit": 2.0}, "audit"), ({"dtypes": ["int4"]}, "dtypes"),
-                       ({"devices": [0, 0]}, "devices"), ({"compiler": "clang"}, "compiler")]:
+                       ({"devices": [0, 0]}, "devices"), ({"compiler": "clang"}, "compiler"),
+                       ({"timer": "wall"}, "timer"), ({"timer": "graph", "target": "llvm"}, "timer")]:
         with pytest.raises(SpecError) as err:
             SampleJob.from_json({**job.to_json(), **bad}).validate()
         assert err.value.field == field
+    graph = SampleJob(target='{"kind": "cuda", "arch": "sm_90"}', timer="graph")
+    graph.validate()  # a CUDA job may time CUDA Graph replays
+    assert SampleJob.from_json(json.dumps(graph.to_json())) == graph
     with pytest.raises(SpecError, match="per_task"):
         SampleJob.from_json({"per_task": "many"})
     with pytest.raises(SpecError, match="unknown field"):
@@ -197,6 +201,8 @@ def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     (["--modelname", "resnet-18,nosuch"], "unknown model 'nosuch'"),
     (["--target", "vulkan"], "unknown target"),
     (["--audit", "1.5"], "a fraction between 0 and 1"),
+    (["--timer", "graph"], "--timer: graph times CUDA Graph replays"),  # the default target is llvm
+    (["--timer", "wall"], "unknown --timer 'wall' (accepted: evaluator, graph)"),
     (["--rpc-tracker", "nohost"], "--rpc-tracker: expected HOST:PORT"),
     (["--rpc-tracker", "127.0.0.1:9190"], "--rpc-key: the key the remote devices registered with"),
     (["--rpc-key", "k"], "--rpc-key: needs rpc_tracker"),
@@ -356,3 +362,27 @@ def test_a_task_of_symbolic_shape_is_not_sampled():
     c = te.placeholder((8,), "float32", name="c")
     d = te.compute((8,), lambda i: c[i] + 1.0, name="d")
     assert _static(tvm.IRModule({"main": te.create_prim_func([c, d])}))
+
+
+def test_the_graph_timer_takes_the_collect_profilers_samples_and_doubles_them_for_fast_kernels(monkeypatch):
+    """--timer graph: a candidate is timed by the operator timer of collect (CudaProfiler.time_launch, faked
+    here: no GPU), its own launch as the callable; a kernel under 20 us gets twice the samples."""
+    from opbench.profile.timer import Timing as Samples
+    from opbench.tune import farm
+
+    calls, asked = [], []
+
+    class Profiler:
+        def time_launch(self, launch, config):
+            launch()
+            asked.append((config.repeat, config.min_repeat_ms, config.flush_l2))
+            return Samples([seconds] * config.repeat, number=37)
+
+    monkeypatch.setattr(farm, "_GRAPH_PROFILER", [Profiler()])
+    timing = farm.Timing(repeat=5, min_repeat_ms=2.0, timer="graph")
+    seconds = 1e-3
+    assert farm.graph_samples(lambda *a: calls.append(a), ["x", "y"], timing) == ([1e-3] * 5, 37, 5)
+    assert calls == [("x", "y")] and asked == [(5, 2.0, False)]
+    seconds = 4e-6
+    assert farm.graph_samples(lambda *a: calls.append(a), ["x"], timing) == ([4e-6] * 10, 37, 10)
+    assert asked[1:] == [(5, 2.0, False), (10, 2.0, False)]

@@ -171,3 +171,27 @@ def test_cli_collect_cuda(tmp_path):
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM operators WHERE device='cuda' AND registers > 0").fetchone()[0] == 5
         assert conn.execute("SELECT COUNT(*) FROM corun").fetchone()[0] >= 1
+
+
+def test_sample_with_the_graph_timer_files_its_records_under_their_own_config(cuda_target, tmp_path):
+    """``opbench sample --timer graph`` on the GPU: every candidate of a small matmul built and timed from CUDA
+    Graph replays, its rows under ``sample:s0:graph``; the same candidates timed by ``time_evaluator`` are
+    rows of ``sample:s0`` beside them, one per candidate and timer."""
+    from opbench.pipeline.sample import SampleJob, sample
+
+    dataset = tmp_path / "ds.sqlite"
+    job = SampleJob(models=("matmul:n=256",), source="simple", target="cuda", per_task=4, builders=2,
+                    dataset=str(dataset))
+    for timer in ("graph", "evaluator"):
+        result = sample(SampleJob.from_json({**job.to_json(), "timer": timer}), command="test")
+        assert result.stats.records == 4 * len(result.tasks)
+    with sqlite3.connect(dataset) as conn:
+        rows = conn.execute("SELECT config, candidate_hash, build_status, latency_median_s, number, repeats "
+                            "FROM trials").fetchall()
+    by_config: dict[str, dict[str, tuple]] = {}
+    for config, shash, status, median, number, repeats in rows:
+        by_config.setdefault(config, {})[shash] = (status, median, number, repeats)
+    assert sorted(by_config) == ["sample:s0", "sample:s0:graph"]
+    assert by_config["sample:s0"].keys() == by_config["sample:s0:graph"].keys()  # the same candidates, once each
+    timed = [v for v in by_config["sample:s0:graph"].values() if v[0] == "ok" and v[1] is not None]
+    assert timed and all(median > 0 and number >= 1 and repeats >= 5 for _, median, number, repeats in timed)

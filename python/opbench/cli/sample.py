@@ -32,6 +32,7 @@ FLAGS = {
     "models": "--modelname", "source": "--modelsource", "dtypes": "--dtype", "batch_sizes": "--batchsize",
     "target": "--target", "per_task": "--per-task", "seed": "--seed", "devices": "--devices",
     "builders": "--builders", "repeat": "--repeat", "min_repeat_ms": "--min-repeat-ms", "flush_l2": "--flush-l2",
+    "timer": "--timer",
     "build_timeout_s": "--build-timeout", "run_timeout_s": "--run-timeout", "audit": "--audit",
     "compiler": "--cuda-compiler", "tasks_limit": "--tasks", "time_limit_s": "--time-limit", "dataset": "--dataset",
     "export_database": "--export-database", "rpc_tracker": "--rpc-tracker", "rpc_key": "--rpc-key",
@@ -110,6 +111,10 @@ def add_parser(sub: Any) -> None:
                    help="least duration of one sample (default 2); calls per sample from a first timing")
     t.add_argument("--flush-l2", action="store_const", const=True, default=None,
                    help="flush caches before every sample (one call per sample)")
+    t.add_argument("--timer", choices=["evaluator", "graph"], default=None,
+                   help="evaluator: TVM's time_evaluator, back-to-back calls (default); graph (cuda): CUDA Graph "
+                        "replays timed with CUDA events, as collect times operators (records under config "
+                        "sample:sSEED:graph)")
     t.add_argument("--audit", type=_fraction, default=None, metavar="FRACTION",
                    help="measure this fraction of candidates again at the end and report the difference")
     o = add_common(p)
@@ -142,7 +147,8 @@ def job_from_args(args: argparse.Namespace) -> Any:
             given["devices"] = tuple(parse_devices(args.devices))
         simple = {"source": args.modelsource, "target": args.target, "per_task": args.per_task, "seed": args.seed,
                   "builders": args.builders, "repeat": args.repeat, "min_repeat_ms": args.min_repeat_ms,
-                  "flush_l2": args.flush_l2, "build_timeout_s": args.build_timeout, "run_timeout_s": args.run_timeout,
+                  "flush_l2": args.flush_l2, "timer": args.timer, "build_timeout_s": args.build_timeout,
+                  "run_timeout_s": args.run_timeout,
                   "audit": args.audit, "compiler": args.cuda_compiler, "tasks_limit": args.tasks,
                   "time_limit_s": args.time_limit,
                   "dataset": args.dataset, "export_database": args.export_database,

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_PER_TASK = 100_000
 COMPILERS = ("nvrtc-pch", "nvrtc", "nvcc")  # opbench.tune.measure.CUDA_COMPILERS
+TIMERS = ("evaluator", "graph")  # opbench.tune.farm.Timing.timer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ class SampleJob(Spec):
     repeat, min_repeat_ms, flush_l2:
         Timed samples per candidate, the least duration of one (``number`` is chosen from a first timing),
         and whether caches are flushed before each sample (then one call per sample).
+    timer:
+        ``evaluator``: TVM's ``time_evaluator``, back-to-back calls (every sample includes each call's
+        launch). ``graph`` (cuda, local devices): the candidate's launches captured in a CUDA Graph and
+        replayed, timed with CUDA events, as ``opbench collect`` times operators (a kernel of a few
+        microseconds is then timed without its launch path). Records of the graph timer are filed under
+        their own ``config`` (``sample:s<seed>:graph``): the same candidates can be measured both ways.
     build_timeout_s, run_timeout_s:
         Per candidate: a build or a measurement that takes longer is killed and recorded as a timeout.
     audit:
@@ -103,6 +110,7 @@ class SampleJob(Spec):
     repeat: int = 5
     min_repeat_ms: float = 2.0
     flush_l2: bool = False
+    timer: str = "evaluator"
     build_timeout_s: float = 10.0
     run_timeout_s: float = 10.0
     audit: float = 0.0
@@ -140,6 +148,11 @@ class SampleJob(Spec):
             raise SpecError("compiler", f"unknown CUDA compiler {self.compiler!r} (accepted: {', '.join(COMPILERS)})")
         if self.time_limit_s is not None and not 0 < self.time_limit_s < float("inf"):
             raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
+        if self.timer not in TIMERS:
+            raise SpecError("timer", f"unknown timer {self.timer!r} (accepted: {', '.join(TIMERS)})")
+        if self.timer == "graph" and ("cuda" not in str(self.target) or self.rpc_tracker is not None):
+            raise SpecError("timer", "graph times CUDA Graph replays on this host's GPUs (accepted: a cuda target "
+                                     "without rpc_tracker, or timer evaluator)")
         if self.tasks_limit is not None and self.tasks_limit < 1:
             raise SpecError("tasks_limit", f"must be 1 or more, got {self.tasks_limit}")
         if self.tasks_only:
@@ -361,7 +374,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     points = check_job(job)
     rpc = job.rpc()
     target = resolve_target(job.target, local_device=rpc is None and not job.tasks_only)
-    config = f"sample:s{job.seed}"
+    config = f"sample:s{job.seed}" + ("" if job.timer == "evaluator" else f":{job.timer}")
     tags = environment_tags(target)
     if job.tasks_only:  # no device: the tasks are extracted for the target's design spaces and stored
         ms_target, devices, device_tags, dev_id = tuning_target(target), [], {}, ""
@@ -454,8 +467,8 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                 _note_sampling(dataset, task.key, job, stats)
 
             farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
-                                   Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2), job.build_timeout_s,
-                                   job.run_timeout_s, job.audit, job.compiler,
+                                   Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2, timer=job.timer),
+                                   job.build_timeout_s, job.run_timeout_s, job.audit, job.compiler,
                                    time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
                                    if job.time_limit_s else None,
                                    rpc=None if rpc is None else {"host": rpc.host, "port": rpc.port, "key": rpc.key,
