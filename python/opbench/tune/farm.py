@@ -369,7 +369,7 @@ def graph_samples(func: Any, args: Sequence[Any], timing: Timing) -> tuple[list[
     """Seconds per call of ``func(*args)`` from CUDA Graph replays (the operator timer of ``opbench collect``,
     :meth:`opbench.profile.cuda.CudaProfiler.time_launch`: a short kernel is captured several times over in
     one graph, replays per sample grown to ``min_repeat_ms``); a kernel under ``fast_s`` is timed again with
-    twice the samples. Returns the samples, the calls per sample and the samples."""
+    twice the samples. Returns the samples, the calls per sample and how many samples."""
     from ..profile.timer import TimingConfig
 
     if not _GRAPH_PROFILER:
