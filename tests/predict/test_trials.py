@@ -186,3 +186,32 @@ def test_metaschedules_mlp_is_compared_on_the_same_split(records_slice, tmp_path
     assert 0.0 <= m["pairwise"] <= 1.0 and 0.0 < m["top1"] <= m["top5"] <= 1.0
     with pytest.raises(OpBenchError, match="unknown trials model 'lstm'"):
         trials.evaluate(tasks, "by_model", k=3, seed=0, loss="lstm")
+
+
+@pytest.mark.slow
+def test_candidates_timed_from_graph_replays_rank_among_themselves(records_slice, tmp_path, monkeypatch):
+    """A task's records of ``--timer graph`` (config ``sample:s0:graph``) are a group of their own: no ranking
+    pair ever sets a graph-timed latency against a time_evaluator one."""
+    import shutil
+    import sqlite3
+
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import trials
+
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
+    path, chosen = records_slice
+    mixed = tmp_path / "mixed.sqlite"
+    shutil.copy(path, mixed)
+    with sqlite3.connect(mixed) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = [dict(r) for r in conn.execute("SELECT * FROM trials WHERE workload_id=?", (chosen[0],))]
+        for r in rows:  # the same candidates again, timed "another way": a tenth of the time
+            r.pop("id")
+            r.update(config="sample:s0:graph", latency_median_s=r["latency_median_s"] / 10)
+            conn.execute(f"INSERT INTO trials ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})", list(r.values()))
+    tasks, _ = trials.trial_examples(str(mixed), task_modules)
+    mine = {k: t for k, t in tasks.items() if k[0] == chosen[0]}
+    assert len(mine) == 2 and len(tasks) == len(chosen) + 1
+    plain, graph = (mine[k] for k in sorted(mine, key=len))
+    assert len(graph["latency"]) == len(plain["latency"]) == len(rows)
+    assert sorted(graph["latency"] * 10) == pytest.approx(sorted(plain["latency"]))

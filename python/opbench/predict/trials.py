@@ -181,9 +181,10 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
     tuned = [r for r in rows if r.get("source") != "task"]
     modules = task_modules(tuned) if tuned else {}
     tasks = _task_rows(path) if sampled else {}
-    by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_task[(r["workload_id"], r["task"])].append(r)
+    by_task: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:  # a task's candidates timed from CUDA Graph replays (``--timer graph``) rank among themselves
+        graph = str(r.get("config") or "").endswith(":graph")
+        by_task[(r["workload_id"], r["task"], "graph") if graph else (r["workload_id"], r["task"])].append(r)
     out = {}
     for n, (key, trows) in enumerate(by_task.items()):
         task = tasks.get(key[0]) if trows[0].get("source") == "task" else None
@@ -193,8 +194,8 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
             feats = cached_features(task["mod"], task["target"], [r["trace"] for r in trows])
             mod = tvm.ir.load_json(task["mod"])
             info = _sampled_task(task, trows)
-        elif key in modules:
-            mod, target = modules[key]
+        elif key[:2] in modules:
+            mod, target = modules[key[:2]]
             feats = trial_features(mod, target, [r["trace"] for r in trows])
             info = {"model": trows[0]["model"], "models": [trows[0]["model"]], "source": trows[0].get("source", ""),
                     "groups": None, "dtype": row_dtype(trows[0]), "weight": float(trows[0].get("task_weight") or 1)}
