@@ -109,9 +109,9 @@ def distance_to_best(data: RecordsData, path: Path) -> str:
     """Each record's latency over its task's best record (CDF per precision, log axis)."""
     import matplotlib.pyplot as plt
 
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in data.ok:
-        by_task[r["workload_id"]].append(r)
+    by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in data.ok:  # a task's records of one timer (config) against their own best
+        by_task[(r["workload_id"], str(r.get("config") or ""))].append(r)
     ratios: dict[str, list[float]] = defaultdict(list)
     for rows in by_task.values():
         if len(rows) < 2:
