@@ -28,3 +28,11 @@ def test_the_shipped_records_match_their_manifest_and_their_tasks():
         assert insts and isinstance(decisions, list)
     assert sum(f["bytes"] for f in meta["files"]) <= 24 * 2**20  # the repository's budget for shipped records
     assert all(f["bytes"] <= records.MAX_FILE_BYTES for f in meta["files"])
+
+
+def test_a_sampled_rows_config_names_its_timer_and_gives_it_back():
+    from opbench.dataset.records import TIMERS, sample_config, timer_of
+
+    assert sample_config(0) == "sample:s0" and sample_config(3, "graph") == "sample:s3:graph"
+    assert [timer_of(sample_config(1, t)) for t in TIMERS] == list(TIMERS)
+    assert timer_of("default") == timer_of("db:abc") == timer_of(None) == "evaluator"  # rows of other jobs

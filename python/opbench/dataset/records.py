@@ -38,6 +38,22 @@ from ..utils import file_sha256, read_json
 from .schema import TABLES, TASK_COLUMNS, TRIAL_COLUMNS
 from .store import Dataset, now
 
+#: how ``opbench sample`` may time a candidate (the first is TVM's ``time_evaluator``, the default)
+TIMERS = ("evaluator", "graph")
+
+
+def sample_config(seed: int, timer: str = TIMERS[0]) -> str:
+    """The ``config`` of the rows ``opbench sample`` measures: ``sample:s<seed>``, and ``:<timer>`` when
+    another timer than the default timed them (so that the same candidates can be stored both ways)."""
+    return f"sample:s{seed}" + ("" if timer == TIMERS[0] else f":{timer}")
+
+
+def timer_of(config: str | None) -> str:
+    """The timer that measured a row of ``config`` (:func:`sample_config`; the default for any other row)."""
+    parts = str(config or "").split(":")
+    return parts[2] if len(parts) > 2 and parts[0] == "sample" else TIMERS[0]
+
+
 FORMAT = "opbench-records/1"
 MANIFEST = "manifest.json"
 MAX_FILE_BYTES = 8 * 1024 * 1024

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset import Dataset, now
+from ..dataset.records import TIMERS, sample_config
 from ..dataset.store import model_key
 from ..errors import OpBenchError
 from ..models import check_dtype
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 MAX_PER_TASK = 100_000
 COMPILERS = ("nvrtc-pch", "nvrtc", "nvcc")  # opbench.tune.measure.CUDA_COMPILERS
-TIMERS = ("evaluator", "graph")  # opbench.tune.farm.Timing.timer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,7 +374,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     points = check_job(job)
     rpc = job.rpc()
     target = resolve_target(job.target, local_device=rpc is None and not job.tasks_only)
-    config = f"sample:s{job.seed}" + ("" if job.timer == "evaluator" else f":{job.timer}")
+    config = sample_config(job.seed, job.timer)
     tags = environment_tags(target)
     if job.tasks_only:  # no device: the tasks are extracted for the target's design spaces and stored
         ms_target, devices, device_tags, dev_id = tuning_target(target), [], {}, ""

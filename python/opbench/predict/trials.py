@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import json_value, row_dtype
+from ..dataset.records import TIMERS, timer_of
 from ..errors import OpBenchError
 from ..utils import cache_root, digest, written_whole
 from .base import Predictor, dataset_rows, target_kind
@@ -182,9 +183,9 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
     modules = task_modules(tuned) if tuned else {}
     tasks = _task_rows(path) if sampled else {}
     by_task: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:  # a task's candidates timed from CUDA Graph replays (``--timer graph``) rank among themselves
-        graph = str(r.get("config") or "").endswith(":graph")
-        by_task[(r["workload_id"], r["task"], "graph") if graph else (r["workload_id"], r["task"])].append(r)
+    for r in rows:  # a task's candidates timed another way (``--timer graph``) rank among themselves
+        timer = timer_of(r.get("config"))
+        by_task[(r["workload_id"], r["task"]) + (() if timer == TIMERS[0] else (timer,))].append(r)
     out = {}
     for n, (key, trows) in enumerate(by_task.items()):
         task = tasks.get(key[0]) if trows[0].get("source") == "task" else None

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import row_dtype
+from ..dataset.records import timer_of
 from ..errors import OpBenchError
 from .figures import DTYPE_COLORS, Missing, _cell, _log_axes, _save
 
@@ -110,8 +111,8 @@ def distance_to_best(data: RecordsData, path: Path) -> str:
     import matplotlib.pyplot as plt
 
     by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in data.ok:  # a task's records of one timer (config) against their own best
-        by_task[(r["workload_id"], str(r.get("config") or ""))].append(r)
+    for r in data.ok:  # a task's records of one timer against their own best
+        by_task[(r["workload_id"], timer_of(r.get("config")))].append(r)
     ratios: dict[str, list[float]] = defaultdict(list)
     for rows in by_task.values():
         if len(rows) < 2:

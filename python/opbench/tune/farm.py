@@ -414,12 +414,12 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str,
             mod = session.load_module(remote_name)
         args = _arguments(args_info, dev, session)
         name = mod.entry_name  # "main", also for a remote module
-        def per_call(number: int) -> float:
-            return float(mod.time_evaluator(name, dev, number=number, repeat=1)(*args).results[0])
-
         if timing.timer == "graph" and session is None and kind == "cuda":
             secs, number, repeat = graph_samples(mod.get_function(name), args, timing)
         else:
+            def per_call(number: int) -> float:
+                return float(mod.time_evaluator(name, dev, number=number, repeat=1)(*args).results[0])
+
             preproc = _flush_function(dev) if timing.flush_l2 else ""
             number, seconds = calls_per_sample(per_call, timing)
             repeat = timing.repeat * (2 if seconds < timing.fast_s else 1)
