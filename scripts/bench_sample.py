@@ -12,6 +12,10 @@ it stored, then writes one JSON summary to ``--out``:
 * ``before-after``: records per second of a tuning run (``opbench collect --iftune true --trials N``, the
   only way to get schedule records before ``opbench sample``) and of ``opbench sample`` on the same model,
   one after the other: trial rows stored over the command's wall time;
+* ``timers``: the same candidates (one seed) of ``--models`` timed by ``time_evaluator`` (``--timer
+  evaluator``) and then from CUDA Graph replays (``--timer graph``) into one dataset: per timer, the share of
+  records with a repeat spread of at most 3 % by kernel time, records per second, and per candidate the ratio
+  of the two medians and how often the two timers order a task's candidates alike;
 * ``main``: the tasks of ``--models`` (``source:name`` items) at ``--dtypes``: records per second over the
   whole run and in steady state (from the 10th percentile of the rows' ``measured_at`` to the last), where
   the time went, how busy builders and each device were, the share of records whose repeat spread is at
@@ -23,6 +27,8 @@ it stored, then writes one JSON summary to ``--out``:
         --dtypes float32,float16 --time-limit 240 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --target llvm --models simple:matmul:n=128 \
         --dtypes float32 --per-task 8 --out DIR   # a CPU check
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase timers --models local:resnet-18 --dtypes float16 \
+        --tasks 8 --per-task 16 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase before-after --target llvm \
         --models local:resnet-18 --tasks 4 --per-task 16 --out DIR
 """
@@ -85,6 +91,82 @@ def _sample(args: argparse.Namespace, work: Path, name: str, extra: list[str], l
     tail = [line for line in text.splitlines() if line.startswith(("sample:", "rejected", "time:", "audit:"))]
     return {"command": "opbench " + " ".join(cmd), "exit": code, "wall_s": wall, "summary": summary,
             "quality": _quality(rows), "tail": tail}
+
+
+EDGES_US = [0, 5, 10, 20, 50, 100, 1000, None]
+
+
+def timers_phase(args: argparse.Namespace, work: Path, log: Path) -> dict:
+    """The ``timers`` phase (see the module docstring)."""
+    import numpy as np
+
+    dataset = work / "timers.sqlite"
+    dataset.unlink(missing_ok=True)
+    out: dict = {}
+    for timer in ("evaluator", "graph"):
+        runs = []
+        for item in args.models.split(","):
+            source, _, model = item.partition(":")
+            extra = ["--modelsource", source, "--modelname", model, "--dtype", args.dtypes, "--timer", timer,
+                     "--audit", "0"]
+            if args.tasks:
+                extra += ["--tasks", str(args.tasks)]
+            (work / "timers.json").unlink(missing_ok=True)
+            run = _sample(args, work, "timers", extra, log)
+            runs.append({k: run[k] for k in ("command", "exit", "wall_s", "tail")} |
+                        {"records": run["summary"].get("records"), "records_per_s": run["summary"].get("records_per_s"),
+                         "seconds": run["summary"].get("seconds")})
+        out[timer] = {"runs": runs}
+    with sqlite3.connect(dataset) as conn:
+        rows = conn.execute("SELECT task, candidate_hash, config, latency_median_s, spread, number, repeats "
+                            "FROM trials WHERE tuner='sample' AND build_status='ok' AND spread IS NOT NULL").fetchall()
+    by: dict[str, dict] = {"evaluator": {}, "graph": {}}
+    for task, cand, config, median, spread, number, repeats in rows:
+        by["graph" if config.endswith(":graph") else "evaluator"][(task, cand)] = (median, spread, number, repeats)
+    both = sorted(set(by["evaluator"]) & set(by["graph"]))
+    out["candidates_both"] = len(both)
+    ev = np.array([by["evaluator"][k][0] for k in both])
+    gr = np.array([by["graph"][k][0] for k in both])
+    buckets = []
+    for lo, hi in zip(EDGES_US, EDGES_US[1:], strict=False):
+        sel = (ev > lo * 1e-6) & ((ev <= hi * 1e-6) if hi is not None else True)
+        keys = [k for k, s in zip(both, sel, strict=True) if s]
+        if not keys:
+            continue
+        row = {"kernel_us": [lo, hi], "candidates": len(keys),
+               "graph_over_evaluator_median": float(np.median(gr[sel] / ev[sel]))}
+        for timer in ("evaluator", "graph"):
+            spreads = np.array([by[timer][k][1] for k in keys])
+            row[f"{timer}_spread_le_3pct"] = float((spreads <= 0.03).mean())
+            row[f"{timer}_spread_median"] = float(np.median(spreads))
+        buckets.append(row)
+    out["by_kernel_time"] = buckets
+    for timer in ("evaluator", "graph"):
+        spreads = np.array([v[1] for v in by[timer].values()])
+        out[timer].update(records_ok=len(spreads), spread_le_3pct=float((spreads <= 0.03).mean()) if len(spreads)
+                          else None, spread_median=float(np.median(spreads)) if len(spreads) else None,
+                          calls_per_sample_median=float(np.median([v[2] for v in by[timer].values()]))
+                          if len(spreads) else None)
+    agree = total = 0  # pairs of one task's candidates that both timers order alike (ties of 1 % left out)
+    tasks: dict[str, list] = {}
+    for k, e, g in zip(both, ev, gr, strict=True):
+        tasks.setdefault(k[0], []).append((e, g))
+    for pairs in tasks.values():
+        for i in range(len(pairs)):
+            for j in range(i + 1, len(pairs)):
+                (e1, g1), (e2, g2) = pairs[i], pairs[j]
+                if abs(e1 - e2) <= 0.01 * max(e1, e2):
+                    continue
+                total += 1
+                agree += (e1 < e2) == (g1 < g2)
+    out["pairwise_order_agreement"] = agree / total if total else None
+    out["pairs"] = total
+    out["graph_over_evaluator_median"] = float(np.median(gr / ev)) if len(both) else None
+    for row in buckets:
+        print(f"{row['kernel_us']} us: {row['candidates']} candidates, spread <= 3 %: evaluator "
+              f"{row['evaluator_spread_le_3pct']:.2f} graph {row['graph_spread_le_3pct']:.2f}; graph/evaluator "
+              f"{row['graph_over_evaluator_median']:.3f}")
+    return out
 
 
 def compile_phase(args: argparse.Namespace) -> dict:
@@ -150,7 +232,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/opbench-bench-sample")
-    parser.add_argument("--phase", choices=["compilers", "compile", "main", "before-after"], default="main")
+    parser.add_argument("--phase", choices=["compilers", "compile", "main", "before-after", "timers"], default="main")
     parser.add_argument("--records", default=str(Path(__file__).resolve().parents[1] / "data" / "dataset"),
                         help="--phase compile: the records folder whose candidates are compiled")
     parser.add_argument("--count", type=int, default=60, help="--phase compile: candidates")
@@ -173,6 +255,8 @@ def main() -> None:
     result: dict = {"phase": args.phase, "target": args.target}
     if args.phase == "compile":
         result.update(compile_phase(args))
+    elif args.phase == "timers":
+        result.update(timers_phase(args, work, log))
     elif args.phase == "compilers":
         for compiler in ("nvcc", "nvrtc", "nvrtc-pch"):
             run = _sample(args, work, f"compiler-{compiler}", ["--modelname", "resnet-50", "--tasks",
