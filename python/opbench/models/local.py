@@ -51,6 +51,10 @@ _ZOO: dict[str, tuple[Callable[[], Any], int]] = {
     "efficientnet_b0": (_tv("efficientnet_b0"), 224),
     "convnext_tiny": (_tv("convnext_tiny"), 224),
     "vit_b_16": (_tv("vit_b_16"), 224),
+    "shufflenet_v2_x1_0": (_tv("shufflenet_v2_x1_0"), 224),
+    "resnext50_32x4d": (_tv("resnext50_32x4d"), 224),
+    "regnet_y_400mf": (_tv("regnet_y_400mf"), 224),
+    "mnasnet1_0": (_tv("mnasnet1_0"), 224),
 }
 
 _ALIASES = {
@@ -66,6 +70,10 @@ _ALIASES = {
     "inceptionv3": "inception_v3",
     "vgg16": "vgg-16",
     "densenet121": "densenet-121",
+    "shufflenet": "shufflenet_v2_x1_0",
+    "shufflenet_v2": "shufflenet_v2_x1_0",
+    "resnext50": "resnext50_32x4d",
+    "mnasnet": "mnasnet1_0",
 }
 
 
