@@ -188,6 +188,12 @@ def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     graph = SampleJob(target='{"kind": "cuda", "arch": "sm_90"}', timer="graph")
     graph.validate()  # a CUDA job may time CUDA Graph replays
     assert SampleJob.from_json(json.dumps(graph.to_json())) == graph
+    # auto (the default): CUDA Graph replays for a cuda target on this host, time_evaluator elsewhere
+    cuda = '{"kind": "cuda", "arch": "sm_90"}'
+    assert SampleJob().timer == "auto" and SampleJob().timer_used == "evaluator"
+    assert SampleJob(target=cuda).timer_used == "graph"
+    assert SampleJob(target=cuda, timer="evaluator").timer_used == "evaluator"
+    assert SampleJob(target=cuda, rpc_tracker="127.0.0.1:9190", rpc_key="k").timer_used == "evaluator"
     with pytest.raises(SpecError, match="per_task"):
         SampleJob.from_json({"per_task": "many"})
     with pytest.raises(SpecError, match="unknown field"):
@@ -202,7 +208,7 @@ def test_the_spec_round_trips_and_names_its_fields(tmp_path):
     (["--target", "vulkan"], "unknown target"),
     (["--audit", "1.5"], "a fraction between 0 and 1"),
     (["--timer", "graph"], "--timer: graph times CUDA Graph replays"),  # the default target is llvm
-    (["--timer", "wall"], "unknown --timer 'wall' (accepted: evaluator, graph)"),
+    (["--timer", "wall"], "unknown --timer 'wall' (accepted: auto, evaluator, graph)"),
     (["--rpc-tracker", "nohost"], "--rpc-tracker: expected HOST:PORT"),
     (["--rpc-tracker", "127.0.0.1:9190"], "--rpc-key: the key the remote devices registered with"),
     (["--rpc-key", "k"], "--rpc-key: needs rpc_tracker"),

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any
 
+from ..dataset.records import TIMERS
 from ..errors import OpBenchError
 from .args import (
     EXIT_OK,
@@ -111,10 +112,11 @@ def add_parser(sub: Any) -> None:
                    help="least duration of one sample (default 2); calls per sample from a first timing")
     t.add_argument("--flush-l2", action="store_const", const=True, default=None,
                    help="flush caches before every sample (one call per sample)")
-    t.add_argument("--timer", choices=["evaluator", "graph"], default=None,
-                   help="evaluator: TVM's time_evaluator, back-to-back calls (default); graph (cuda): CUDA Graph "
-                        "replays timed with CUDA events, as collect times operators (records under config "
-                        "sample:sSEED:graph)")
+    t.add_argument("--timer", choices=["auto", *TIMERS], default=None,
+                   help="graph (cuda on this host): CUDA Graph replays timed with CUDA events, as collect times "
+                        "operators (records under config sample:sSEED:graph); evaluator: TVM's time_evaluator, "
+                        "back-to-back calls, each sample with its launches; auto (default): graph on a local "
+                        "cuda target, else evaluator")
     t.add_argument("--audit", type=_fraction, default=None, metavar="FRACTION",
                    help="measure this fraction of candidates again at the end and report the difference")
     o = add_common(p)

