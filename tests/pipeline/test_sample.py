@@ -311,6 +311,39 @@ def test_two_rpc_servers_measure_every_candidate_once(tmp_path):
     assert set(result.stats.device_busy_s) == {"rpc0", "rpc1"}
 
 
+def test_a_task_keeps_the_name_it_was_first_stored_under_when_another_model_calls_it_otherwise(tmp_path):
+    """ios_block and branchy share a convolution that each names differently; a job of branchy alone must
+    neither rename the stored task (its records, filed under the first name, would no longer match it) nor
+    give the task another name for the records it writes (the old code did both)."""
+    from opbench.dataset import Dataset
+    from opbench.pipeline.sample import SampleJob, _task_row, check_job, extract, sample
+    from opbench.runtime.target import resolve_target
+
+    target = '{"kind": "cuda", "arch": "sm_90"}'
+    first = SampleJob(models=("ios_block",), source="simple", dtypes=("float16",), target=target,
+                      dataset=str(tmp_path / "ds.sqlite"), tasks_only=True)
+    sample(first, command="test")
+    with Dataset(first.dataset) as ds:
+        before = {r["workload_id"]: r["task"] for r in ds.rows("tasks")}
+    later = dataclasses.replace(first, models=("branchy",))
+    sample(later, command="test")
+    with Dataset(first.dataset) as ds:
+        after = {r["workload_id"]: (r["task"], [u["task"] for u in json.loads(r["uses"])]) for r in ds.rows("tasks")}
+        shared = [k for k in before if len(after[k][1]) == 2]
+        assert shared, "ios_block and branchy no longer share a task"
+        for key in shared:
+            assert after[key][0] == before[key] and after[key][1][0] == before[key] != after[key][1][1]
+        tasks = {t.key: t for t in extract(later, check_job(later), resolve_target(target, local_device=False), ds)}
+        assert all(tasks[key].name == before[key] for key in shared)
+        # a kernel of integers only is the same task at every precision: it keeps its first dtype and space too
+        key = shared[0]
+        (row,) = ds.rows("tasks", {"workload_id": key})
+        other = dataclasses.replace(tasks[key], name="renamed", dtype="bfloat16", space="default")
+        again = _task_row(ds, other, resolve_target(target, local_device=False), 1, row["mod"], [])
+    assert (again["task"], again["dtype"], again["space"]) == (row["task"], "float16", row["space"])
+    assert row["space"] != "default" and len(again["uses"]) == 2
+
+
 def test_tasks_only_prepares_a_cuda_job_without_a_gpu(tmp_path, monkeypatch):
     """--tasks-only stores the tasks of a CUDA job on a machine without a GPU and samples nothing; the job
     then finds every task in the dataset and loads no model."""

@@ -292,7 +292,10 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
     tasks: dict[str, SampledTask] = {}
     ms_target = tuning_target(target)
     wanted = {(job.source, name, batch, dtype) for name, batch, dtype in points}
-    stored = _stored_tasks(dataset, canonical_target(ms_target), wanted) if dataset is not None else []
+    # every stored task's (name, dtype, space): a task keeps those it was first stored with, though another model
+    # may call it otherwise, or use it at another precision (a kernel of integers only is the same at every one)
+    first: dict[str, tuple[str, str, str]] = {}
+    stored = _stored_tasks(dataset, canonical_target(ms_target), wanted, first) if dataset is not None else []
     for i, (name, batch, dtype) in enumerate(points, 1):
         point = (job.source, name, batch, dtype)
         known = [(t, u) for t in stored for u in t.uses if _point_of(u) == point]
@@ -323,7 +326,8 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
                    "batch_size": workload.batch_size, "dtype": workload.dtype, "workload_id": workload.workload_id,
                    "task": task.task_name, "weight": int(task.weight)}
             if key not in tasks:
-                tasks[key] = SampledTask(key, task.task_name, mod, dtype, space_kind(target, dtype), _flops(mod), [])
+                kept = first.get(key, (task.task_name, dtype, space_kind(target, dtype)))
+                tasks[key] = SampledTask(key, kept[0], mod, kept[1], kept[2], _flops(mod), [])
             tasks[key].uses.append(use)
             touched[key] = tasks[key]
         if store is not None:
@@ -338,8 +342,10 @@ def _point_of(use: dict[str, Any]) -> tuple[Any, ...]:
     return use["source"], use.get("requested", use["model"]), use["batch_size"], use["dtype"]
 
 
-def _stored_tasks(dataset: Dataset, target_json: str, points: set[tuple[Any, ...]]) -> list[SampledTask]:
-    """The tasks a dataset holds for this target that one of ``points`` uses, with every use recorded.
+def _stored_tasks(dataset: Dataset, target_json: str, points: set[tuple[Any, ...]],
+                  first: dict[str, tuple[str, str, str]] | None = None) -> list[SampledTask]:
+    """The tasks a dataset holds for this target that one of ``points`` uses, with every use recorded;
+    ``first`` is given every stored task's name, dtype and space (by key), used or not.
 
     Only those tasks' modules are parsed: a records folder holds the tasks of every job of a collection,
     and parsing them all costs seconds per thousand."""
@@ -347,6 +353,8 @@ def _stored_tasks(dataset: Dataset, target_json: str, points: set[tuple[Any, ...
 
     out = []
     for row in dataset.rows("tasks", {"target": target_json}):
+        if first is not None:
+            first[row["workload_id"]] = (row["task"], row["dtype"], row["space"])
         uses = json.loads(row["uses"]) if row["uses"] else []
         if any(_point_of(u) in points for u in uses):
             out.append(SampledTask(row["workload_id"], row["task"], tvm.ir.load_json(row["mod"]), row["dtype"],
@@ -525,9 +533,11 @@ def _task_row(dataset: Dataset, task: SampledTask, ms_target: Any, run_id: int, 
     for use in task.uses:
         if use not in uses:
             uses.append(use)
-    return {"workload_id": task.key, "run_id": run_id, "task": task.name, "target": canonical_target(ms_target),
-            "dtype": task.dtype, "space": task.space, "mod": mod_json, "args_info": args_info, "flops": task.flops,
-            "uses": uses, "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
+    kept = old or {"task": task.name, "dtype": task.dtype, "space": task.space}  # as it was first stored
+    return {"workload_id": task.key, "run_id": run_id, "task": kept["task"], "target": canonical_target(ms_target),
+            "dtype": kept["dtype"], "space": kept["space"], "mod": mod_json, "args_info": args_info,
+            "flops": task.flops, "uses": uses,
+            "sampling": json.loads(old["sampling"]) if old and old["sampling"] else {},
             "created_at": old["created_at"] if old else now()}
 
 
