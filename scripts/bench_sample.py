@@ -100,10 +100,13 @@ def timers_phase(args: argparse.Namespace, work: Path, log: Path) -> dict:
     """The ``timers`` phase (see the module docstring)."""
     import numpy as np
 
+    from opbench.dataset.records import TIMERS, timer_of
+    from opbench.predict.metrics import pair_counts
+
     dataset = work / "timers.sqlite"
     dataset.unlink(missing_ok=True)
     out: dict = {}
-    for timer in ("evaluator", "graph"):
+    for timer in TIMERS:
         runs = []
         for item in args.models.split(","):
             source, _, model = item.partition(":")
@@ -120,9 +123,9 @@ def timers_phase(args: argparse.Namespace, work: Path, log: Path) -> dict:
     with sqlite3.connect(dataset) as conn:
         rows = conn.execute("SELECT task, candidate_hash, config, latency_median_s, spread, number, repeats "
                             "FROM trials WHERE tuner='sample' AND build_status='ok' AND spread IS NOT NULL").fetchall()
-    by: dict[str, dict] = {"evaluator": {}, "graph": {}}
+    by: dict[str, dict] = {timer: {} for timer in TIMERS}
     for task, cand, config, median, spread, number, repeats in rows:
-        by["graph" if config.endswith(":graph") else "evaluator"][(task, cand)] = (median, spread, number, repeats)
+        by[timer_of(config)][(task, cand)] = (median, spread, number, repeats)
     both = sorted(set(by["evaluator"]) & set(by["graph"]))
     out["candidates_both"] = len(both)
     ev = np.array([by["evaluator"][k][0] for k in both])
@@ -135,30 +138,20 @@ def timers_phase(args: argparse.Namespace, work: Path, log: Path) -> dict:
             continue
         row = {"kernel_us": [lo, hi], "candidates": len(keys),
                "graph_over_evaluator_median": float(np.median(gr[sel] / ev[sel]))}
-        for timer in ("evaluator", "graph"):
+        for timer in TIMERS:
             spreads = np.array([by[timer][k][1] for k in keys])
             row[f"{timer}_spread_le_3pct"] = float((spreads <= 0.03).mean())
             row[f"{timer}_spread_median"] = float(np.median(spreads))
         buckets.append(row)
     out["by_kernel_time"] = buckets
-    for timer in ("evaluator", "graph"):
+    for timer in TIMERS:
         spreads = np.array([v[1] for v in by[timer].values()])
         out[timer].update(records_ok=len(spreads), spread_le_3pct=float((spreads <= 0.03).mean()) if len(spreads)
                           else None, spread_median=float(np.median(spreads)) if len(spreads) else None,
                           calls_per_sample_median=float(np.median([v[2] for v in by[timer].values()]))
                           if len(spreads) else None)
-    agree = total = 0  # pairs of one task's candidates that both timers order alike (ties of 1 % left out)
-    tasks: dict[str, list] = {}
-    for k, e, g in zip(both, ev, gr, strict=True):
-        tasks.setdefault(k[0], []).append((e, g))
-    for pairs in tasks.values():
-        for i in range(len(pairs)):
-            for j in range(i + 1, len(pairs)):
-                (e1, g1), (e2, g2) = pairs[i], pairs[j]
-                if abs(e1 - e2) <= 0.01 * max(e1, e2):
-                    continue
-                total += 1
-                agree += (e1 < e2) == (g1 < g2)
+    # pairs of one task's candidates that both timers order alike (those within 1 % by time_evaluator left out)
+    agree, total = pair_counts(ev, gr, [k[0] for k in both], tie=0.01)
     out["pairwise_order_agreement"] = agree / total if total else None
     out["pairs"] = total
     out["graph_over_evaluator_median"] = float(np.median(gr / ev)) if len(both) else None

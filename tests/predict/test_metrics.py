@@ -28,6 +28,9 @@ def test_pairwise_counts_pairs_inside_groups_only():
     value = metrics.pairwise([1, 2, 3, 5, 6], [1, 3, 2, 6, 5], ["a", "a", "a", "b", "b"])
     assert value == pytest.approx(2 / 4)
     assert metrics.pairwise([1, 1], [1, 2], ["a", "a"]) is None  # ties in the measurement are skipped
+    # tie: pairs measured within that fraction of the larger are left out too (here 1.0 vs 1.005)
+    assert metrics.pair_counts([1.0, 1.005, 2.0], [2, 1, 3], ["a"] * 3) == (2, 3)
+    assert metrics.pair_counts([1.0, 1.005, 2.0], [2, 1, 3], ["a"] * 3, tie=0.01) == (2, 2)
 
 
 def test_top_k_is_tensets_score():

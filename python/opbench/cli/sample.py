@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import Any
 
-from ..dataset.records import TIMERS
+from ..dataset.records import TIMER_CHOICES
 from ..errors import OpBenchError
 from .args import (
     EXIT_OK,
@@ -112,7 +112,7 @@ def add_parser(sub: Any) -> None:
                    help="least duration of one sample (default 2); calls per sample from a first timing")
     t.add_argument("--flush-l2", action="store_const", const=True, default=None,
                    help="flush caches before every sample (one call per sample)")
-    t.add_argument("--timer", choices=["auto", *TIMERS], default=None,
+    t.add_argument("--timer", choices=list(TIMER_CHOICES), default=None,
                    help="graph (cuda on this host): CUDA Graph replays timed with CUDA events, as collect times "
                         "operators (records under config sample:sSEED:graph); evaluator: TVM's time_evaluator, "
                         "back-to-back calls, each sample with its launches; auto (default): graph on a local "

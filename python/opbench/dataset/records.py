@@ -40,6 +40,8 @@ from .store import Dataset, now
 
 #: how ``opbench sample`` may time a candidate (the first is TVM's ``time_evaluator``, the default)
 TIMERS = ("evaluator", "graph")
+#: what ``opbench sample --timer`` accepts: a timer of :data:`TIMERS`, or ``auto`` (the job picks one)
+TIMER_CHOICES = ("auto", *TIMERS)
 
 
 def sample_config(seed: int, timer: str = TIMERS[0]) -> str:

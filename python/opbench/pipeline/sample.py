@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset import Dataset, now
-from ..dataset.records import TIMERS, sample_config
+from ..dataset.records import TIMER_CHOICES, sample_config
 from ..dataset.store import model_key
 from ..errors import OpBenchError
 from ..models import check_dtype
 from ..utils import digest
 from .runs import recorded_run
 from .spec import Spec, SpecError, check_devices, check_points, check_rpc
-
-#: what ``SampleJob.timer`` accepts: a timer of :data:`~opbench.dataset.records.TIMERS`, or ``auto``
-TIMER_CHOICES = ("auto", *TIMERS)
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +323,11 @@ def extract(job: SampleJob, points: list[tuple[str, int, str]], target: Any, dat
                    "batch_size": workload.batch_size, "dtype": workload.dtype, "workload_id": workload.workload_id,
                    "task": task.task_name, "weight": int(task.weight)}
             if key not in tasks:
-                kept = first.get(key, (task.task_name, dtype, space_kind(target, dtype)))
-                tasks[key] = SampledTask(key, kept[0], mod, kept[1], kept[2], _flops(mod), [])
+                if key in first:  # stored before, by another model or at another precision
+                    task_name, task_dtype, space = first[key]
+                else:
+                    task_name, task_dtype, space = task.task_name, dtype, space_kind(target, dtype)
+                tasks[key] = SampledTask(key, task_name, mod, task_dtype, space, _flops(mod), [])
             tasks[key].uses.append(use)
             touched[key] = tasks[key]
         if store is not None:

@@ -63,8 +63,10 @@ def r2(measured: Sequence[float], predicted: Sequence[float]) -> float | None:
     return float(1.0 - np.sum((p - y) ** 2) / np.sum((y - y.mean()) ** 2))
 
 
-def pairwise(measured: Sequence[float], predicted: Sequence[float], groups: Sequence[Hashable]) -> float | None:
-    """Pairwise ranking accuracy inside each group (None when no group has two different items)."""
+def pair_counts(measured: Sequence[float], predicted: Sequence[float], groups: Sequence[Hashable],
+                tie: float = 0.0) -> tuple[int, int]:
+    """Pairs of one group's items that ``predicted`` orders as ``measured`` does, and all pairs compared: a
+    pair whose measurements differ by at most ``tie`` of the larger (0: equal ones) is left out."""
     y, p = _arrays(measured, predicted)
     right = total = 0
     for idx in by_group(groups).values():
@@ -73,9 +75,18 @@ def pairwise(measured: Sequence[float], predicted: Sequence[float], groups: Sequ
         yy, pp = y[idx], p[idx]
         dy = np.sign(yy[:, None] - yy[None, :])
         dp = np.sign(pp[:, None] - pp[None, :])
-        upper = np.triu(np.ones_like(dy, dtype=bool), 1) & (dy != 0)
+        apart = np.abs(yy[:, None] - yy[None, :]) > tie * np.maximum(np.abs(yy[:, None]), np.abs(yy[None, :]))
+        upper = np.triu(np.ones_like(dy, dtype=bool), 1) & (dy != 0) & apart
         total += int(upper.sum())
         right += int((dy[upper] == dp[upper]).sum())
+    return right, total
+
+
+def pairwise(measured: Sequence[float], predicted: Sequence[float], groups: Sequence[Hashable],
+             tie: float = 0.0) -> float | None:
+    """Pairwise ranking accuracy inside each group (None when no group has two different items; ``tie``:
+    :func:`pair_counts`)."""
+    right, total = pair_counts(measured, predicted, groups, tie)
     return right / total if total else None
 
 
