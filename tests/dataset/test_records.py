@@ -36,3 +36,25 @@ def test_a_sampled_rows_config_names_its_timer_and_gives_it_back():
     assert sample_config(0) == "sample:s0" and sample_config(3, "graph") == "sample:s3:graph"
     assert [timer_of(sample_config(1, t)) for t in TIMERS] == list(TIMERS)
     assert timer_of("default") == timer_of("db:abc") == timer_of(None) == "evaluator"  # rows of other jobs
+
+
+def test_the_card_figures_add_up_on_the_shipped_records():
+    """scripts/card_stats.py (the dataset card's figures): every build error has a named cause, the causes and
+    statuses add up to the records, and the tasks with records are among the tasks stored."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import card_stats
+
+    assert card_stats.cause("RuntimeError: NVRTC compilation failed: x") == "CUDA compiler (NVRTC) error"
+    assert card_stats.cause("Check failed: lanes % 2 == 0") == "odd half-precision vector lanes"
+    assert card_stats.cause("Check failed: (eval_vec_) is false") == "TVM lowering check"
+    assert card_stats.cause("something new") == "other"
+    figures = card_stats.card(str(FOLDER))
+    assert sum(figures["by_status"].values()) == figures["records"] == sum(figures["records_by_dtype"].values())
+    assert "other" not in figures["build_errors_by_cause"]
+    causes = figures["build_errors_by_cause"].values()
+    assert sum(sum(c.values()) for c in causes) == figures["by_status"]["build_error"]
+    assert figures["tasks_with_records"] == sum(figures["tasks_with_records_by_dtype"].values())
+    assert figures["tasks_with_records"] <= figures["tasks_stored"]
+    assert 0 < figures["steady_share"] <= 1 and figures["audit"]["n"] > 0
