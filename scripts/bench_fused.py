@@ -19,7 +19,10 @@ model (a re-run with the same OUT skips what is there); a table is printed.
 Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
 process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
 regions, into Inductor's caches); the measured run then builds again in this process ("warm": what a
-user's second build in a new process costs). ``--deadline-s`` stops between models.
+user's second build in a new process costs). The fused build keeps its choice (``capturer(cache=True)``, in
+``OUT/cache``); after the timing a new process builds the same model again with that cache ("rebuild": only
+the kept candidate is built, nothing measured), and its build seconds, its choice and its outputs' error
+are the row's ``rebuild``. ``--deadline-s`` stops between models.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_fused.py --out out --models googlenet:1
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,6 +103,55 @@ def prebuild_all(items: list[tuple[str, int]], out: Path, jobs: int, deadline: f
             return
 
 
+def cache_dir(out: Path, name: str, batch: int) -> Path:
+    """The capturer's cache of one model and batch (``$OPBENCH_CACHE`` of its builds)."""
+    return out / "cache" / f"{name}_{batch}_{DTYPE}"
+
+
+def rebuild(name: str, batch: int, args) -> dict:
+    """A second build of ``capturer(kernels="fused", cache=True)`` in this (new) process, the cache written by the
+    measured build: its seconds, what it kept, whether the choice came from the cache, its outputs' error."""
+    import torch
+
+    from opbench.parallel import capturer
+
+    torch.manual_seed(0)
+    model, inputs = load(name, batch)
+    with torch.no_grad():
+        ref = model(*inputs)
+    t = time.perf_counter()
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True)
+    res = {"build_s": time.perf_counter() - t, "phases": fused.phases,
+           "kept": next(r["schedule"] for r in fused.table if r["kept"]),
+           "cached_choice": bool(fused.phases.get("cache_choice"))}
+    with torch.no_grad():
+        res["err"] = relative_err(fused(*inputs), ref)
+    return res
+
+
+def relative_err(out, ref) -> float:
+    """max |out - ref| / max |ref| of the first output (a transformer's last hidden state)."""
+    out = out[0] if isinstance(out, list | tuple) else out
+    ref = ref[0] if isinstance(ref, list | tuple) else ref
+    out, ref = getattr(out, "last_hidden_state", out), getattr(ref, "last_hidden_state", ref)
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
+    """:func:`rebuild` in a process of its own (Inductor's caches as the measured build left them)."""
+    path = out / "rebuild" / f"{name}_{batch}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)
+    env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
+    cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtype", DTYPE,
+           "--repeat", str(args.repeat), "--number", str(args.number)]
+    try:
+        subprocess.run(cmd, env=env, timeout=300, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": "rebuild took over 300 s"}
+    return json.loads(path.read_text()) if path.exists() else {"error": "the rebuild wrote no result"}
+
+
 def side_by_side(runs: dict, rounds: int, number: int) -> dict:
     """Medians (ms) of ``rounds`` alternating CUDA-event samples of ``number`` calls of each callable."""
     from opbench.profile.timer import cuda_event_samples
@@ -128,8 +181,11 @@ def bench(name: str, batch: int, args) -> dict:
     res["aten_build_s"] = time.perf_counter() - t
     res["aten_kept"] = next(r["schedule"] for r in aten.table if r["kept"])
     print(f"  {name}:{batch} aten: {res['aten_build_s']:.1f} s, kept {res['aten_kept']}", flush=True)
+    cache = cache_dir(Path(args.out), name, batch)
+    shutil.rmtree(cache, ignore_errors=True)  # this build searches and measures; it keeps its choice for the rebuild
+    os.environ["OPBENCH_CACHE"] = str(cache)
     t = time.perf_counter()
-    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number)
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True)
     res["fused_build_s"] = time.perf_counter() - t
     res["fused_phases"] = fused.phases
     res["fused_table"] = fused.table
@@ -171,11 +227,8 @@ def bench(name: str, batch: int, args) -> dict:
     if combo is not None:
         timed["torch.compile + combo kernels"] = call(combo)
     res["ms"] = side_by_side(timed, args.rounds, args.number)
-    out = fused(*inputs)
-    out = out[0] if isinstance(out, list | tuple) else out
-    ref0 = ref[0] if isinstance(ref, list | tuple) else ref
-    out, ref0 = getattr(out, "last_hidden_state", out), getattr(ref0, "last_hidden_state", ref0)
-    res["fused_err"] = float((out.float() - ref0.float()).abs().max() / ref0.float().abs().max())
+    res["fused_err"] = relative_err(fused(*inputs), ref)
+    res["rebuild"] = rebuild_in_new_process(name, batch, Path(args.out), args)
     ms = res["ms"]
     res["fused_vs_compile"] = ms["torch.compile"] / ms["capturer fused"]
     res["fused_vs_graph"] = ms["model graph"] / ms["capturer fused"]
@@ -189,17 +242,24 @@ def bench(name: str, batch: int, args) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    head = (f"{'model':<20}{'batch':>6}{'graph':>9}{'compile':>9}{'aten':>9}{'fused':>9}{'CP fused':>10}"
-            f"{'vs compile':>11}{'build s':>9}{'compile s':>10}{'cold':>7}{'cold c':>7}  kept (fused)")
+    """The rows as text: ms of each callable, the kept result against the best of model graph / torch.compile /
+    + combo ("vs best", + is slower), against the fused critical path, and build seconds."""
+    head = (f"{'model':<20}{'batch':>6}{'graph':>9}{'compile':>9}{'combo':>9}{'aten':>9}{'fused':>9}{'CP fused':>10}"
+            f"{'vs compile':>11}{'vs best':>9}{'build s':>9}{'compile s':>10}{'rebuild':>8}{'cold':>7}{'cold c':>7}"
+            "  kept (fused)")
     lines = [head, "-" * len(head)]
     for r in results:
         if "error" in r:
             lines.append(f"{r['model']:<20}{r['batch']:>6}  FAILED {r['error'][:90]}")
             continue
         ms, cold, nan = r["ms"], r.get("cold", {}), float("nan")
+        combo = ms.get("torch.compile + combo kernels", nan)
+        best = min(v for v in (ms["model graph"], ms["torch.compile"], combo) if v == v)
         lines.append(f"{r['model']:<20}{r['batch']:>6}{ms['model graph']:>9.3f}{ms['torch.compile']:>9.3f}"
-                     f"{ms['capturer aten']:>9.3f}{ms['capturer fused']:>9.3f}{r['fused_critical_path_ms']:>10.3f}"
-                     f"{r['fused_vs_compile']:>10.2f}x{r['fused_build_s']:>9.1f}{r['torch_compile_s']:>10.1f}"
+                     f"{combo:>9.3f}{ms['capturer aten']:>9.3f}{ms['capturer fused']:>9.3f}"
+                     f"{r['fused_critical_path_ms']:>10.3f}{r['fused_vs_compile']:>10.2f}x"
+                     f"{ms['capturer fused'] / best - 1:>+9.1%}{r['fused_build_s']:>9.1f}{r['torch_compile_s']:>10.1f}"
+                     f"{r.get('rebuild', {}).get('build_s', nan):>8.1f}"
                      f"{cold.get('fused_cold_s', nan):>7.0f}{cold.get('torch_compile_cold_s', nan):>7.0f}"
                      f"  {r['fused_kept']}")
     return "\n".join(lines)
@@ -218,6 +278,7 @@ def main() -> int:
     parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
     parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
+    parser.add_argument("--rebuild", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help="float32 (PyTorch's default precision), float16, bfloat16")
     args = parser.parse_args()
     import torch
@@ -237,6 +298,14 @@ def main() -> int:
         except Exception as err:
             res = {"error": f"{type(err).__name__}: {err}"}
         (out / "prebuild" / f"{name}_{batch}.json").write_text(json.dumps(res) + "\n")
+        return 0
+    if args.rebuild:
+        name, _, batch = args.rebuild.partition(":")
+        try:
+            res = rebuild(name, int(batch), args)
+        except Exception as err:
+            res = {"error": f"{type(err).__name__}: {err}"}
+        (out / "rebuild" / f"{name}_{batch}.json").write_text(json.dumps(res, default=str) + "\n")
         return 0
     items = []
     for item in [m.strip() for m in args.models.split(",") if m.strip()]:

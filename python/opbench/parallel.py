@@ -20,13 +20,29 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OpBenchError, first_line
-from .pipeline.compare import EvaluateOptions, check_sm_partition, evaluate, host_arrays, table_rows, trace_rows
+from .pipeline.compare import (
+    EvaluateOptions,
+    check_sm_partition,
+    evaluate,
+    host_arrays,
+    relative_error,
+    table_rows,
+    trace_rows,
+)
 from .pipeline.compile import check_kernels, merge_mode, torch_backend
 from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.graphs import CapturedModel, compile_variants, compiled_baselines
+from .runtime.graphs import (
+    COMBO_ROW,
+    COMPILE_ROW,
+    MODEL_ROW,
+    MODEL_ROW_EAGER,
+    CapturedModel,
+    compile_variants,
+    compiled_baselines,
+)
 from .schedule import Schedule
 from .utils import check_output_path
 
@@ -90,8 +106,17 @@ class CaptureOptions:
     dtype: str | None = None
     trace: str | Path | None = None
     rtol: float | None = None
-    cache: bool = False
+    cache: bool | str = False
 
+
+#: ``capturer(cache=...)``: True keeps the choice too (a later build builds only what was kept), ``"schedule"``
+#: the cut and the schedule (a later build measures that schedule beside the baselines again)
+CACHE_MODES = (False, True, "schedule")
+
+
+def _check_cache(value: Any) -> None:
+    if not any(value is m or (isinstance(m, str) and value == m) for m in CACHE_MODES):
+        raise OpBenchError(f"unknown capturer cache {value!r} (accepted: False, True, 'schedule')")
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -121,11 +146,10 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _S
 
     phases: dict[str, float] = {}
 
+    _check_cache(o.cache)
     model, inputs = _in_dtype(model, _check_order(inputs, model, caller), o.dtype)
     given = _load_schedule(o.schedule)
-    cached = _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
-                                         "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
-                                         "compiled": o.compiled}) if o.cache and given is None else None
+    cached = _cache_file(model, inputs, o) if o.cache and given is None else None
     if cached is not None and cached.is_file():
         try:
             given = Schedule.load(cached)
@@ -165,8 +189,82 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _S
                                      rtol=default_rtol(inputs) if o.rtol is None else o.rtol))
     phases.update(found.phases)
     if cached is not None and not phases.get("cache"):
+        kept = next(r for r in found.rows if r["kept"])
+        found.plan.meta.update(choice="schedule" if kept["plan"] is not None else kept["schedule"],
+                               table=table_rows(found.rows))
         _cache_put(cached, found.plan)
     return _Selected(backend, baselines, found.plan, found.rows, structure, phases)
+
+
+def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
+    """:func:`_cache_path` for the options that shape the search."""
+    return _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
+                                       "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
+                                       "compiled": o.compiled})
+
+
+def _rebuild(inputs: Any, model: Any, o: CaptureOptions) -> Any | None:
+    """``capturer(cache=True)`` when an earlier build of the same model (same key as :func:`_cache_path`) kept its
+    choice: only the kept candidate is built (the schedule with its saved cut, or the one baseline), nothing is
+    searched or measured, and its outputs are checked against the model's own (``rtol``). None on a miss, on a
+    cache file without a choice, or when the rebuilt candidate is off (then the caller searches again)."""
+    if o.cache is not True or o.schedule is not None or o.trace is not None:
+        return None
+    import torch
+
+    model, inputs = _in_dtype(model, _check_order(inputs, model, "capturer"), o.dtype)
+    path = _cache_file(model, inputs, o)
+    if not path.is_file():
+        return None
+    try:
+        plan = Schedule.load(path)
+    except (OpBenchError, OSError, ValueError) as err:
+        log.info("capturer cache %s not used: %s", path, first_line(err))
+        return None
+    choice, table = plan.meta.get("choice"), plan.meta.get("table")
+    if not isinstance(table, list) or choice not in ("schedule", MODEL_ROW, MODEL_ROW_EAGER, COMPILE_ROW, COMBO_ROW):
+        return None  # written before choices were kept: the cut and the schedule are still taken (_select)
+    check_kernels(o.kernels)
+    phases: dict[str, float] = {"cache": 1.0, "cache_choice": 1.0}
+    with torch.no_grad():
+        reference = model(*inputs)
+    leaves, structure = torch.utils._pytree.tree_flatten(reference)
+    backend: KernelBackend | None = None
+    result: Any
+    clock = time.perf_counter()
+    if choice == "schedule":
+        regions = plan.meta.get("regions") if o.kernels == "fused" else None
+        backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
+                                kernels=o.kernels, cut=o.cut, regions=regions,
+                                merged=(plan.meta.get("merged") or None) if regions is not None else None)
+        if o.kernels == "fused":
+            phases["regions_compile_s"] = backend.compile_s
+        if plan.meta.get("graph") != backend.graph.fingerprint():
+            log.info("capturer cache: the saved schedule is of another graph; searching again")
+            return None
+        result = CapturedSchedule(backend, plan, table, structure)
+    elif choice in (COMPILE_ROW, COMBO_ROW):
+        result = compiled_baselines(model, inputs, ["combo" if choice == COMBO_ROW else "default"])[0]
+        phases["torch_compile_s" if choice == COMPILE_ROW else "torch_compile_combo_s"] = result.compile_s
+    else:
+        result = CapturedModel(model, inputs)
+    phases["build_s"] = time.perf_counter() - clock
+    with torch.no_grad():
+        outputs = result(*inputs)
+    error = relative_error(host_arrays(torch.utils._pytree.tree_leaves(outputs)), host_arrays(leaves))
+    rtol = default_rtol(inputs) if o.rtol is None else o.rtol
+    if not error <= rtol:
+        log.info("capturer cache: the rebuilt %s is %.3g from the model's outputs (rtol %.3g); searching again",
+                 choice, error, rtol)
+        return None
+    if choice != "schedule":
+        result.schedule = None
+    result.table = [dict(row, cached=True) for row in table]
+    result.backend, result.baselines = backend, [result] if choice != "schedule" else []
+    result.trace = backend.trace if backend is not None else None
+    result.phases = phases
+    log.info("capturer cache: rebuilt the %s kept by an earlier build (%s)", choice, path)
+    return result
 
 
 def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
@@ -302,11 +400,16 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     row's ``error``) is not kept, and its row's ``refused`` says so; default :data:`RTOL` for the inputs'
     precision (5e-2 in float32, 1e-1 in float16, 2e-1 in bfloat16).
 
-    ``cache=True``: keep the cut and the schedule found (``$OPBENCH_CACHE/capturer``, by default
+    ``cache=True``: keep what this build found (``$OPBENCH_CACHE/capturer``, by default
     ``~/.cache/opbench``), keyed by the model's structure, the inputs, the options, the device and the
-    library versions; a later build of the same model takes them and skips the cut and the search (it
-    still measures the schedule beside sequential and the baselines, and keeps the fastest).
-    ``run.phases["cache"]`` is 1 for such a build.
+    library versions: the cut, the schedule, the table and the choice. A later build of the same model builds
+    only the candidate kept (the schedule with its cut, or the one ``torch.compile`` row or the model's graph)
+    and measures nothing, as an autotuner reuses its best configuration; it checks that candidate's outputs
+    against the model's (``rtol``) and searches again if they are off. Its table is the first build's, each
+    row marked ``cached``; ``run.phases["cache_choice"]`` is 1. ``cache="schedule"`` keeps only the cut and
+    the schedule: a later build skips the cut and the search but measures that schedule beside sequential
+    and the baselines again, and keeps the fastest. ``run.phases["cache"]`` is 1 for a build that took
+    either.
 
     ``trace`` (a path): also replay sequential and the fastest schedule (kept or not) with a timing mark
     around each operator and write them there as a Chrome trace, one lane per stream
@@ -320,6 +423,11 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     if trace is not None:
         check_output_path(trace, "trace")
     start = time.perf_counter()
+    _check_cache(options.cache)
+    rebuilt = _rebuild(inputs, model, options)
+    if rebuilt is not None:
+        rebuilt.build_s = time.perf_counter() - start
+        return rebuilt
     try:
         selected = _select(inputs, model, "capturer", options)
     except OpBenchError as err:

@@ -57,6 +57,21 @@ def fake_timer(times_ms: dict[str, float], default_ms: float):
     return timer
 
 
+def fake_compiled_model(built: list[bool]):
+    """A stand-in for ``graphs.CompiledModel``: the model as it is in torch.compile's rows (no compile on the
+    CPU); each build appends whether it was the combo variant to ``built``."""
+    from opbench.runtime import graphs
+
+    class Compiled(graphs.CapturedModel):
+        label = graphs.COMPILE_ROW
+
+        def __init__(self, model, inputs, mode="reduce-overhead", warmup=3, combo=False):
+            super().__init__(model, inputs)
+            self.label, self.compile_s = graphs.COMBO_ROW if combo else graphs.COMPILE_ROW, 0.0
+            built.append(combo)
+    return Compiled
+
+
 def test_baseline_wins_returns_the_model_as_is(model_and_input, caplog):
     model, x = model_and_input
     with caplog.at_level(logging.INFO, logger="opbench"):
@@ -184,17 +199,8 @@ def test_the_combo_kernels_row_is_offered_and_can_win(model_and_input, monkeypat
     by default with fused kernels, or when compiled=True), and the fastest row is kept whichever it is."""
     from opbench.runtime import graphs
 
-    built = []
-
-    class Compiled(graphs.CapturedModel):  # the model as it is, in torch.compile's rows (no compile on the CPU)
-        label = graphs.COMPILE_ROW
-
-        def __init__(self, model, inputs, mode="reduce-overhead", warmup=3, combo=False):
-            super().__init__(model, inputs)
-            self.label, self.compile_s = graphs.COMBO_ROW if combo else graphs.COMPILE_ROW, 0.0
-            built.append(combo)
-
-    monkeypatch.setattr(graphs, "CompiledModel", Compiled)
+    built: list[bool] = []
+    monkeypatch.setattr(graphs, "CompiledModel", fake_compiled_model(built))
     model, x = model_and_input
     times = {"model, eager": 1.0, "torch.compile": 0.9, "torch.compile + combo kernels": 0.6, "nimble": 0.8}
     run = capturer([x], model, schedulers=["sequential", "nimble"], compiled=True, timer=fake_timer(times, 1.0))
@@ -209,23 +215,75 @@ def test_the_combo_kernels_row_is_offered_and_can_win(model_and_input, monkeypat
         capturer([x], model, compiled=("turbo",))
 
 
-def test_a_second_build_with_the_cache_reuses_the_schedule(model_and_input, tmp_path, monkeypatch):
-    """capturer(cache=True): the first build searches and keeps its schedule in $OPBENCH_CACHE; a second build
-    of the same model takes it (no search: sequential, the schedule and the baselines are measured), and a
-    model of other shapes misses."""
+def counting_timer(times_ms: dict[str, float], default_ms: float, calls: list[str]):
+    """:func:`fake_timer` that also notes every label it times in ``calls``."""
+    timer = fake_timer(times_ms, default_ms)
+
+    def counted(label, run):
+        calls.append(label)
+        return timer(label, run)
+    return counted
+
+
+def test_a_second_build_with_the_cache_rebuilds_only_the_kept_schedule(model_and_input, tmp_path, monkeypatch):
+    """capturer(cache=True): the first build searches and keeps its choice in $OPBENCH_CACHE; a second build of the
+    same model builds only the kept schedule and times nothing (its table is the first's, marked cached), with
+    outputs equal to the model's; a model of other shapes misses; cache="schedule" reuses the schedule but
+    measures it beside the baselines again; a bad cache value is one line."""
     monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
     model, x = model_and_input
     times = {"model, eager": 1.0, "sequential": 1.0, "nimble": 0.5, "opara": 0.6, "greedy": 0.7}
-    first = capturer([x], model, cache=True, timer=fake_timer(times, 1.0))
-    assert "cache" not in first.phases and first.schedule.name == "nimble"
+    calls: list[str] = []
+    first = capturer([x], model, cache=True, timer=counting_timer(times, 1.0, calls))
+    assert "cache" not in first.phases and first.schedule.name == "nimble" and calls
     assert len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 1
-    again = capturer([x], model, cache=True, timer=fake_timer(times, 1.0))
-    assert again.phases["cache"] == 1.0 and again.schedule.name == "nimble"
-    assert [r["schedule"] for r in again.table] == ["model, eager", "sequential", "nimble"]  # no search
+    calls.clear()
+    again = capturer([x], model, cache=True, timer=counting_timer(times, 1.0, calls))
+    assert calls == []  # nothing searched, nothing measured
+    assert isinstance(again, CapturedSchedule) and again.schedule.name == "nimble"
+    assert again.phases["cache"] == 1.0 and again.phases["cache_choice"] == 1.0
+    assert [r["schedule"] for r in again.table] == [r["schedule"] for r in first.table]
+    assert all(r["cached"] for r in again.table)
+    assert [r["kept"] for r in again.table] == [r["kept"] for r in first.table]
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x), rtol=1e-5, atol=1e-6)
+    measured = capturer([x], model, cache="schedule", timer=counting_timer(times, 1.0, calls))
+    assert measured.phases["cache"] == 1.0 and "cache_choice" not in measured.phases
+    assert [r["schedule"] for r in measured.table] == ["model, eager", "sequential", "nimble"]  # no search
+    assert sorted(calls) == sorted(["model, eager", "sequential", "nimble"] * 3)  # measured again, 3 rounds
     other = capturer([torch.randn(1, 3, 12, 12)], model, cache=True, timer=fake_timer(times, 1.0))
     assert "cache" not in other.phases and len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 2
     plain = capturer([x], model, timer=fake_timer(times, 1.0))  # the default: no cache
     assert "cache" not in plain.phases and len(plain.table) == 1 + len(FAST_SCHEDULERS)
+    with pytest.raises(OpBenchError, match="unknown capturer cache 'yes'.*accepted: False, True, 'schedule'"):
+        capturer([x], model, cache="yes")
+
+
+def test_a_cached_baseline_choice_builds_that_baseline_alone(model_and_input, tmp_path, monkeypatch):
+    """When a baseline won (here the combo row), the cached rebuild builds that one torch.compile variant and no
+    other candidate; a cached candidate whose outputs are off is not returned: the build searches again."""
+    from opbench import parallel
+    from opbench.runtime import graphs
+
+    built: list[bool] = []
+    monkeypatch.setattr(graphs, "CompiledModel", fake_compiled_model(built))
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
+    model, x = model_and_input
+    times = {"model, eager": 1.0, "torch.compile": 0.9, "torch.compile + combo kernels": 0.6, "nimble": 0.8}
+    first = capturer([x], model, schedulers=["sequential", "nimble"], compiled=True, cache=True,
+                     timer=fake_timer(times, 1.0))
+    assert first.label == graphs.COMBO_ROW and built == [False, True]
+    built.clear()
+    calls: list[str] = []
+    again = capturer([x], model, schedulers=["sequential", "nimble"], compiled=True, cache=True,
+                     timer=counting_timer(times, 1.0, calls))
+    assert built == [True] and calls == [] and again.label == graphs.COMBO_ROW and again.schedule is None
+    assert again.phases["cache_choice"] == 1.0 and "torch_compile_combo_s" in again.phases
+    monkeypatch.setattr(parallel, "relative_error", lambda actual, expected: 1.0)  # the rebuilt outputs are off
+    built.clear()
+    searched = capturer([x], model, schedulers=["sequential", "nimble"], compiled=True, cache=True,
+                        timer=counting_timer(times, 1.0, calls))
+    assert "cache_choice" not in searched.phases and built[:1] == [True] and calls  # measured again
 
 
 def test_fast_mode_measures_only_the_best_predicted(model_and_input):

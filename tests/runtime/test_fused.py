@@ -100,11 +100,17 @@ def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_p
     assert len(baselines) == 3 and kept["latency_ms"] <= min(baselines)  # never slower than a baseline
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-5)
-    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))  # cache=True: the second build takes the cut
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))  # the second build takes the cut (and the choice)
     first = capturer(x, model, kernels="fused", repeat=2, number=2, cache=True)
-    second = capturer(x, model, kernels="fused", repeat=2, number=2, cache=True)
+    second = capturer(x, model, kernels="fused", repeat=2, number=2, cache="schedule")
     assert "cache" not in first.phases and second.phases["cache"] == 1.0 and second.backend.cut == "saved"
     assert second.backend.regions == first.backend.regions
+    third = capturer(x, model, kernels="fused", repeat=2, number=2, cache=True)  # only the kept candidate built
+    assert third.phases["cache_choice"] == 1.0 and all(r["cached"] for r in third.table)
+    assert [r["schedule"] for r in third.table if r["kept"]] == [r["schedule"] for r in first.table if r["kept"]]
+    assert third.backend is None or (third.backend.cut == "saved" and third.backend.regions == first.backend.regions)
+    with torch.no_grad():
+        torch.testing.assert_close(third(x), model(x), rtol=1e-4, atol=1e-5)
     other = Block(4).eval()
     with pytest.raises(OpBenchError, match="another graph|does not match"):
         capturer(torch.randn(1, 4, 10, 10), other, kernels="fused", schedule=tmp_path / "s.json")
