@@ -268,7 +268,7 @@ def _rebuild(inputs: Any, model: Any, o: CaptureOptions) -> Any | None:
 
 
 def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
-    """Where ``capturer(cache=True)`` keeps a model's cut and schedule: ``$OPBENCH_CACHE/capturer/KEY.json``,
+    """Where ``capturer(cache=...)`` keeps a model's cut, schedule and choice: ``$OPBENCH_CACHE/capturer/KEY.json``,
     the key a digest of the model's class and parameters' shapes and dtypes, the inputs' shapes, dtypes
     and device, the options that shape the search, the device's name and the library versions."""
     import torch
