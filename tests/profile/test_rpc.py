@@ -84,7 +84,10 @@ def test_collect_over_rpc_writes_rows_of_the_remote_device(tracker, tmp_path):
     assert rows[0][2] > 0 and "rpc key" not in rows[1][0]
 
 
-def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
+def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path, monkeypatch):
+    """... and the compiled model sent to the device leaves no local copy behind (each was tens of MB)."""
+    import tempfile
+
     from opbench.dataset import Dataset
     from opbench.models import load_workload
     from opbench.pipeline import collect
@@ -94,6 +97,9 @@ def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
     from opbench.tune.database import applied_database
 
     pytest.importorskip("xgboost")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where this process's temporary folders go
     target = resolve_target("llvm")
     workload = load_workload("simple", "matmul:n=32", 1)
     profiler = RPCProfiler(RPCSpec.parse(tracker, "loopback"), target)
@@ -111,6 +117,7 @@ def test_tuning_over_rpc_measures_every_candidate_remotely(tracker, tmp_path):
                for r in rows)
     assert result.measured == 1 and result.rows[0]["config"].startswith("db:")
     assert result.model_row["replay_rel_error"] == 0.0
+    assert not list(scratch.glob("opbench-rpc-*"))  # the model's files were uploaded, then removed here
 
 
 def test_rpc_timeout_setting_is_checked(monkeypatch):

@@ -273,12 +273,12 @@ class RemoteModule:
 
         self.target, self.compile_seconds, self.scheduled = built.target, built.compile_seconds, built.scheduled
         self.device = device
-        folder = tempfile.mkdtemp(prefix="opbench-rpc-")
-        lib_path, vm_path = os.path.join(folder, "kernels.so"), os.path.join(folder, "model.so")
-        built.library.export_library(lib_path)
-        built.executable.export_library(vm_path)
-        for path in (lib_path, vm_path):
-            session.upload(path)
+        with tempfile.TemporaryDirectory(prefix="opbench-rpc-") as folder:  # the device keeps its own copies
+            lib_path, vm_path = os.path.join(folder, "kernels.so"), os.path.join(folder, "model.so")
+            built.library.export_library(lib_path)
+            built.executable.export_library(vm_path)
+            for path in (lib_path, vm_path):
+                session.upload(path)
         self.library = session.load_module("kernels.so")
         self._vm = relax.VirtualMachine(session.load_module("model.so"), device)
 
