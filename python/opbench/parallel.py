@@ -108,15 +108,10 @@ class CaptureOptions:
     rtol: float | None = None
     cache: bool | str = False
 
-
-#: ``capturer(cache=...)``: True keeps the choice too (a later build builds only what was kept), ``"schedule"``
-#: the cut and the schedule (a later build measures that schedule beside the baselines again)
-CACHE_MODES = (False, True, "schedule")
-
-
-def _check_cache(value: Any) -> None:
-    if not any(value is m or (isinstance(m, str) and value == m) for m in CACHE_MODES):
-        raise OpBenchError(f"unknown capturer cache {value!r} (accepted: False, True, 'schedule')")
+    def __post_init__(self) -> None:
+        # True keeps the choice too (a later build builds only what was kept); "schedule" the cut and the schedule
+        if not isinstance(self.cache, bool) and self.cache != "schedule":
+            raise OpBenchError(f"unknown capturer cache {self.cache!r} (accepted: False, True, 'schedule')")
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -140,14 +135,25 @@ class _Selected:
     phases: dict[str, float]
 
 
-def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _Selected:
-    o = options
+def _prepared(inputs: Any, model: Any, caller: str, o: CaptureOptions) -> tuple[Any, list[Any]]:
+    """``model`` and its inputs as the search takes them: in the right order, cast to ``o.dtype``."""
+    return _in_dtype(model, _check_order(inputs, model, caller), o.dtype)
+
+
+def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedule | None) -> KernelBackend:
+    """The kernels of ``o.kernels`` (traced as ``compare --backend torch`` traces); fused regions take the cut of
+    ``saved``, an earlier build's schedule, when there is one."""
+    regions = saved.meta.get("regions") if saved is not None and o.kernels == "fused" else None
+    merged = saved.meta.get("merged") if regions is not None else None  # the saved cut names the merged nodes
+    return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
+                         kernels=o.kernels, cut=o.cut, regions=regions, merged=merged or None)
+
+
+def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
+    """Build and measure every candidate of ``model`` on ``inputs`` (both :func:`_prepared`) and keep the fastest."""
     import torch
 
     phases: dict[str, float] = {}
-
-    _check_cache(o.cache)
-    model, inputs = _in_dtype(model, _check_order(inputs, model, caller), o.dtype)
     given = _load_schedule(o.schedule)
     cached = _cache_file(model, inputs, o) if o.cache and given is None else None
     if cached is not None and cached.is_file():
@@ -173,11 +179,7 @@ def _select(inputs: Any, model: Any, caller: str, options: CaptureOptions) -> _S
                    for v, c in zip(variants, compiled, strict=True)})
     baselines += compiled
     clock = time.perf_counter()
-    regions = given.meta.get("regions") if given is not None and o.kernels == "fused" else None
-    merged = given.meta.get("merged") if regions is not None else None  # the saved cut names the merged nodes
-    backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                            kernels=o.kernels, cut=o.cut, regions=regions,  # traced as compare --backend torch traces
-                            merged=merged or None)
+    backend = _backend(model, inputs, o, given)
     phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if o.kernels == "fused":
         phases["regions_compile_s"] = backend.compile_s
@@ -203,16 +205,16 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
                                        "compiled": o.compiled})
 
 
-def _rebuild(inputs: Any, model: Any, o: CaptureOptions) -> Any | None:
+def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
     """``capturer(cache=True)`` when an earlier build of the same model (same key as :func:`_cache_path`) kept its
     choice: only the kept candidate is built (the schedule with its saved cut, or the one baseline), nothing is
-    searched or measured, and its outputs are checked against the model's own (``rtol``). None on a miss, on a
-    cache file without a choice, or when the rebuilt candidate is off (then the caller searches again)."""
+    searched or measured, and its outputs are checked against the model's own (``rtol``). ``model`` and
+    ``inputs`` as :func:`_prepared` gives them. None on a miss, on a cache file without a choice, or when the
+    rebuilt candidate is off (then the caller searches again)."""
     if o.cache is not True or o.schedule is not None or o.trace is not None:
         return None
     import torch
 
-    model, inputs = _in_dtype(model, _check_order(inputs, model, "capturer"), o.dtype)
     path = _cache_file(model, inputs, o)
     if not path.is_file():
         return None
@@ -233,10 +235,7 @@ def _rebuild(inputs: Any, model: Any, o: CaptureOptions) -> Any | None:
     result: Any
     clock = time.perf_counter()
     if choice == "schedule":
-        regions = plan.meta.get("regions") if o.kernels == "fused" else None
-        backend = torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                                kernels=o.kernels, cut=o.cut, regions=regions,
-                                merged=(plan.meta.get("merged") or None) if regions is not None else None)
+        backend = _backend(model, inputs, o, plan)
         if o.kernels == "fused":
             phases["regions_compile_s"] = backend.compile_s
         if plan.meta.get("graph") != backend.graph.fingerprint():
@@ -308,7 +307,7 @@ def optimize(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     options = overridden(options or CaptureOptions(), overrides, "optimize")
     if options.trace is not None:
         raise TypeError("optimize() takes no trace (capturer(..., trace=PATH) writes one)")
-    selected = _select(inputs, model, "optimize", options)
+    selected = _select(*_prepared(inputs, model, "optimize", options), options)
     plan, rows = selected.plan, selected.rows
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
@@ -423,13 +422,13 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     if trace is not None:
         check_output_path(trace, "trace")
     start = time.perf_counter()
-    _check_cache(options.cache)
-    rebuilt = _rebuild(inputs, model, options)
+    prepared = _prepared(inputs, model, "capturer", options)  # the model cast once, for the rebuild and the search
+    rebuilt = _rebuild(*prepared, options)
     if rebuilt is not None:
         rebuilt.build_s = time.perf_counter() - start
         return rebuilt
     try:
-        selected = _select(inputs, model, "capturer", options)
+        selected = _select(*prepared, options)
     except OpBenchError as err:
         if str(err).startswith("torch.export failed"):
             log.warning("%s (and torch.fx could not trace it either); running the model unscheduled", err)
