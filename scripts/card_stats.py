@@ -26,18 +26,18 @@ def cause(message: str) -> str:
 
 def median_s(value) -> float:
     """The median of a list of seconds, stored as a list or as its JSON text; NaN for none."""
-    if isinstance(value, str):
-        value = json.loads(value)
-    if value is None or len(value) == 0:
-        return float("nan")
-    return float(np.median(np.asarray(value, float)))
+    from opbench.dataset.frames import json_value
+
+    value = json_value(value)
+    return float(np.median(np.asarray(value, float))) if value else float("nan")
 
 
-def points(tasks) -> dict[str, int]:
-    """Tasks per point of source / dtype / batch (a task used at several points counts at each)."""
+def points(uses_of: list[list[dict]]) -> dict[str, int]:
+    """Tasks per point of source / dtype / batch, from each task's uses (a task used at several points counts
+    at each)."""
     out: dict[str, int] = {}
-    for uses in tasks.uses:
-        for point in {f"{u['source']} {u['dtype']} batch {u['batch_size']}" for u in json.loads(uses or "[]")}:
+    for uses in uses_of:
+        for point in {f"{u['source']} {u['dtype']} batch {u['batch_size']}" for u in uses}:
             out[point] = out.get(point, 0) + 1
     return dict(sorted(out.items()))
 
@@ -45,9 +45,12 @@ def points(tasks) -> dict[str, int]:
 def card(folder: str, steady: float = 0.03) -> dict:
     """The card's figures of the records folder ``folder`` (a record is steady within a spread of ``steady``)."""
     from opbench.dataset import records
+    from opbench.dataset.frames import json_value
 
     t = records.read(folder)
     tasks = records.read(folder, "tasks")
+    uses_of = [json_value(u) or [] for u in tasks.uses]  # each task's uses, decoded once
+    sampled = set(t.workload_id)
     ok = t[t.build_status == "ok"]
     errors = t[t.build_status == "build_error"]
     by_cause: dict[str, dict[str, int]] = {}
@@ -68,8 +71,8 @@ def card(folder: str, steady: float = 0.03) -> dict:
         "build_errors_by_cause": by_cause,
         "tasks_stored": len(tasks), "tasks_with_records": len(with_records),
         "tasks_with_records_by_dtype": with_records.dtype.value_counts().to_dict(),
-        "models": sorted({use["model"] for uses in tasks.uses for use in json.loads(uses or "[]")}),
-        "points_with_records": points(tasks[tasks.workload_id.isin(set(t.workload_id))]),
+        "models": sorted({use["model"] for uses in uses_of for use in uses}),
+        "points_with_records": points([u for u, key in zip(uses_of, tasks.workload_id, strict=True) if key in sampled]),
         "timer_configs": t.config.value_counts().to_dict(),
         "steady": steady,
         "spread_median": float(spread.median()),
