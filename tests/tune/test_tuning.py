@@ -208,3 +208,36 @@ def test_gzipped_database_is_unpacked_on_first_use(tmp_path):
     with pytest.raises(OpBenchError, match="cannot unpack tuning database file"):
         open_database(broken, create=False)
     assert not (broken / DATABASE_FILES[0]).exists()
+
+
+def test_builders_keep_candidates_in_one_folder_removed_at_close(tmp_path, monkeypatch):
+    """An interrupted run leaves built but unmeasured candidates: closing the builder removes them, and a
+    candidate that does not build leaves no folder at all."""
+    import os
+    import tempfile
+
+    import tvm
+    from tvm import te
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    import opbench.tune.measure as measure
+
+    a = te.placeholder((8,), name="a")
+    add = te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0, name="b")])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # every temporary folder of this test lands here
+    real = measure.build_to_file
+    monkeypatch.setattr(measure, "build_to_file",
+                        lambda mod, target, path, fcompile=None: "broken" if "fail" in str(mod) else
+                        real(mod, target, path, fcompile))
+    good = tvm.IRModule({"main": add.with_attr("global_symbol", "main")})
+    bad = tvm.IRModule({"main": add.with_attr("global_symbol", "fail")})
+    builder = measure.InProcessBuilder()
+    llvm = tvm.target.Target("llvm")
+    results = builder.build([BuilderInput(good, llvm), BuilderInput(bad, llvm)])
+    assert results[0].error_msg is None and results[1].error_msg == "broken" and results[1].artifact_path is None
+    root = os.path.dirname(os.path.dirname(results[0].artifact_path))
+    assert os.path.isfile(results[0].artifact_path) and os.path.basename(root).startswith("opbench-build-")
+    assert os.listdir(tmp_path) == [os.path.basename(root)]  # one folder for the builder's candidates
+    assert len(os.listdir(root)) == 1  # the failed candidate's folder is gone
+    builder.close()  # as the tuning run's end does, measured or not
+    assert os.listdir(tmp_path) == []

@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -132,35 +133,62 @@ def build_to_file(mod: Any, target: Any, path: str, fcompile: Any = None) -> str
     return None
 
 
-def _build_one(item: Any) -> Any:
+def _build_one(item: Any, root: str | None) -> Any:
+    """Build ``item`` into a folder of its own under ``root`` (the runner removes that folder once it has
+    measured the candidate); a candidate that does not build leaves no folder."""
     from tvm.support.tar import tar
 
-    path = os.path.join(tempfile.mkdtemp(prefix="opbench-build-"), "mod." + tar.output_format)
+    folder = tempfile.mkdtemp(prefix="candidate-", dir=root)
+    path = os.path.join(folder, "mod." + tar.output_format)
     error = build_to_file(item.mod, item.target, path, fcompile=tar)
+    if error:
+        shutil.rmtree(folder, ignore_errors=True)
     return BuilderResult(None if error else path, error)
 
 
+class _BuildFolder:
+    """The one temporary folder (``opbench-build-*``) that holds a builder's candidates, made at its
+    first build and removed by :meth:`close` with whatever is left in it: candidates built but never
+    measured, because the run was interrupted or reached its time limit."""
+
+    _root: str | None = None
+
+    def root(self) -> str:
+        if self._root is None:
+            self._root = tempfile.mkdtemp(prefix="opbench-build-")
+        return self._root
+
+    def remove_folder(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
 @derived_object
-class InProcessBuilder(PyBuilder):
+class InProcessBuilder(PyBuilder, _BuildFolder):
     """Build candidates one after another in this process (see the module docstring)."""
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
         results = []
         for item in build_inputs:
             signals.check()
-            results.append(_build_one(item))
+            results.append(_build_one(item, self.root()))
         return results
 
+    def close(self) -> None:
+        """Remove the candidates' folder."""
+        self.remove_folder()
 
-def _build_saved(mod_json: str, target_json: str) -> tuple[str | None, str | None]:
-    """Worker side of :class:`PoolBuilder`: build one candidate saved as JSON."""
+
+def _build_saved(mod_json: str, target_json: str, root: str) -> tuple[str | None, str | None]:
+    """Worker side of :class:`PoolBuilder`: build one candidate saved as JSON into ``root``."""
     import tvm
 
     class Item:  # what _build_one reads of a BuilderInput
         mod = tvm.ir.load_json(mod_json)
         target = tvm.target.Target(json.loads(target_json))
 
-    result = _build_one(Item)
+    result = _build_one(Item, root)
     return result.artifact_path, result.error_msg
 
 
@@ -173,7 +201,7 @@ def _worker_ready() -> None:
 
 
 @derived_object
-class PoolBuilder(PyBuilder):
+class PoolBuilder(PyBuilder, _BuildFolder):
     """Build candidates in ``max_workers`` worker processes that live as long as the builder.
 
     TVM's CUDA compilation holds Python's lock, so threads build one candidate at a time; worker
@@ -193,7 +221,7 @@ class PoolBuilder(PyBuilder):
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_ready)
-        futures = [self._pool.submit(_build_saved, tvm.ir.save_json(item.mod), str(item.target))
+        futures = [self._pool.submit(_build_saved, tvm.ir.save_json(item.mod), str(item.target), self.root())
                    for item in build_inputs]
         results = []
         for future in futures:
@@ -208,10 +236,11 @@ class PoolBuilder(PyBuilder):
         return results
 
     def close(self) -> None:
-        """Stop the worker processes."""
+        """Stop the worker processes and remove the candidates' folder."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        self.remove_folder()
 
 
 def _result(future: Any, timeout_s: float, poll_s: float = 0.2) -> Any:
