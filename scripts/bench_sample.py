@@ -16,6 +16,11 @@ it stored, then writes one JSON summary to ``--out``:
   evaluator``) and then from CUDA Graph replays (``--timer graph``) into one dataset: per timer, the share of
   records with a repeat spread of at most 3 % by kernel time, records per second, and per candidate the ratio
   of the two medians and how often the two timers order a task's candidates alike;
+* ``memo`` (no GPU needed): ``--count`` stored tasks of ``--records``, drawn at random in proportion to
+  the sampling seconds each took in the collection (where the samplers' time went), each sampled for
+  ``--per-task`` candidates by ``opbench.tune.sampler.sample_task`` (what the sampler's workers call) with the
+  memo of trace outcomes and without it, the first of each pair alternating: seconds per task, in all, and
+  whether the two runs keep the same candidates in the same order with the same counts;
 * ``main``: the tasks of ``--models`` (``source:name`` items) at ``--dtypes``: records per second over the
   whole run and in steady state (from the 10th percentile of the rows' ``measured_at`` to the last), where
   the time went, how busy builders and each device were, the share of records whose repeat spread is at
@@ -23,6 +28,7 @@ it stored, then writes one JSON summary to ``--out``:
 
     PYTHONPATH=python python3 scripts/bench_sample.py --phase compilers --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase compile --count 60 --out DIR
+    PYTHONPATH=python python3 scripts/bench_sample.py --phase memo --count 40 --per-task 16 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --models local:resnet-50,transformers:bert \
         --dtypes float32,float16 --time-limit 240 --out DIR
     PYTHONPATH=python python3 scripts/bench_sample.py --phase main --target llvm --models simple:matmul:n=128 \
@@ -221,14 +227,66 @@ def compile_phase(args: argparse.Namespace) -> dict:
     return out
 
 
+def memo_phase(args: argparse.Namespace) -> dict:
+    """The ``memo`` phase (see the module docstring)."""
+    import random
+    import time
+
+    import tvm
+
+    from opbench.dataset import records
+    from opbench.tune.sampler import SampleStats, sample_task
+
+    tasks = []
+    for task in records.read_rows(args.records, "tasks"):
+        spent = json.loads(task["sampling"] or "{}").get("seed=0", {})
+        if spent.get("seconds"):
+            tasks.append((task, float(spent["seconds"])))
+    rng = random.Random(0)
+    chosen = [] if not tasks else rng.choices([t for t, _ in tasks], weights=[w for _, w in tasks], k=args.count)
+    rows, same = [], 0
+    if chosen:  # once untimed: the first sampling of a process loads MetaSchedule's rules and intrinsics
+        task = chosen[0]
+        list(sample_task(tvm.ir.load_json(task["mod"]), tvm.target.Target(json.loads(task["target"])), 1, 0,
+                         task["space"]))
+    for i, task in enumerate(chosen):
+        mod, target = tvm.ir.load_json(task["mod"]), tvm.target.Target(json.loads(task["target"]))
+        runs = {}
+        for memo in ((True, False) if i % 2 == 0 else (False, True)):
+            stats = SampleStats()
+            start = time.perf_counter()
+            kept = [(c.index, c.origin, c.sketch, c.trace, c.shash)
+                    for c in sample_task(mod, target, args.per_task, 0, task["space"], stats=stats, memo=memo)]
+            runs[memo] = (kept, stats.attempts, dict(stats.rejected), time.perf_counter() - start)
+        identical = runs[True][:3] == runs[False][:3]
+        same += identical
+        rows.append({"task": task["task"], "dtype": task["dtype"], "space": task["space"], "kept": len(runs[True][0]),
+                     "attempts": runs[True][1], "rejected": runs[True][2], "without_memo_s": runs[False][3],
+                     "with_memo_s": runs[True][3], "identical": identical})
+        print(f"{i + 1}/{len(chosen)} {task['task'][:40]} {task['dtype']}: {len(runs[True][0])} kept of "
+              f"{runs[True][1]} attempts, {runs[False][3]:.2f} s without the memo, {runs[True][3]:.2f} s with it"
+              f"{'' if identical else ', NOT the same candidates'}", flush=True)
+    without, with_memo = sum(r["without_memo_s"] for r in rows), sum(r["with_memo_s"] for r in rows)
+    ratios = [r["without_memo_s"] / r["with_memo_s"] for r in rows if r["with_memo_s"]]
+    out = {"cpu_cores": os.cpu_count(), "tasks": rows, "per_task": args.per_task, "identical": same,
+           "without_memo_s": without,
+           "with_memo_s": with_memo, "speedup_total": without / with_memo if with_memo else None,
+           "speedup_median": statistics.median(ratios) if ratios else None}
+    print(f"{same}/{len(rows)} tasks kept the same candidates; {without:.1f} s without the memo, {with_memo:.1f} s "
+          f"with it ({out['speedup_total']:.2f}x in all, median {out['speedup_median']:.2f}x per task)")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/opbench-bench-sample")
-    parser.add_argument("--phase", choices=["compilers", "compile", "main", "before-after", "timers"], default="main")
+    parser.add_argument("--phase", choices=["compilers", "compile", "memo", "main", "before-after", "timers"],
+                        default="main")
     parser.add_argument("--records", default=str(Path(__file__).resolve().parents[1] / "data" / "dataset"),
-                        help="--phase compile: the records folder whose candidates are compiled")
-    parser.add_argument("--count", type=int, default=60, help="--phase compile: candidates")
+                        help="--phase compile: the records folder whose candidates are compiled; --phase memo: "
+                             "whose tasks are sampled")
+    parser.add_argument("--count", type=int, default=60, help="--phase compile: candidates; --phase memo: tasks")
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--models", default="local:resnet-50,transformers:bert")
     parser.add_argument("--dtypes", default="float32,float16")
@@ -248,6 +306,8 @@ def main() -> None:
     result: dict = {"phase": args.phase, "target": args.target}
     if args.phase == "compile":
         result.update(compile_phase(args))
+    elif args.phase == "memo":
+        result.update(memo_phase(args))
     elif args.phase == "timers":
         result.update(timers_phase(args, work, log))
     elif args.phase == "compilers":

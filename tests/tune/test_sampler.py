@@ -74,6 +74,47 @@ def test_a_small_space_is_exhausted_early():
     del tirx
 
 
+def test_the_memo_keeps_the_same_candidates_and_counts_with_fewer_postprocessings(monkeypatch):
+    """A trace whose decisions repeat a known one is not post-processed again (nor replayed, for a
+    mutation), and the sampler keeps what it keeps without the memo, in the same order, with the same counts."""
+    import tvm
+    from tvm import s_tir, te
+
+    import opbench.tune.sampler as sampler
+    from opbench.tune.sampler import SampleStats, sample_task
+
+    a = te.placeholder((64, 64), name="a")
+
+    def module(out):
+        return tvm.IRModule({"main": te.create_prim_func([a, out]).with_attr("global_symbol", "main")})
+
+    small = module(te.compute((64, 64), lambda i, j: a[i, j] * 2.0))  # one decision: the unroll
+    single = module(te.compute((1,), lambda i: a[0, 0] * 2.0))  # a sketch that draws nothing: one program
+    postprocessed, replayed = [], []
+    enter, replay = s_tir.Schedule.enter_postproc, sampler._replay
+    monkeypatch.setattr(s_tir.Schedule, "enter_postproc", lambda sch: postprocessed.append(1) or enter(sch))
+    monkeypatch.setattr(sampler, "_replay", lambda *args: replayed.append(1) or replay(*args))
+    # a dense layer (mutations, VerifyGPUCode), and small spaces sampled at random only (their draws repeat)
+    for mod, count, init_valid in ((_task(), 8, 2), (small, 40, 40), (single, 16, 16)):
+        runs = {}
+        for memo in (False, True):
+            postprocessed.clear()
+            replayed.clear()
+            stats = SampleStats()
+            kept = [(c.index, c.origin, c.sketch, c.trace, c.mod, c.shash)
+                    for c in sample_task(mod, _cuda(), count, 1, init_valid=init_valid, patience=60, stats=stats,
+                                         memo=memo)]
+            runs[memo] = (kept, stats.attempts, dict(stats.rejected), stats.exhausted, len(postprocessed),
+                          len(replayed))
+        assert runs[True][:4] == runs[False][:4] and runs[True][0]
+        assert runs[False][4] == runs[False][1] - runs[False][2].get("mutator_declined", 0) \
+            - runs[False][2].get("replay_error", 0)  # without the memo every replayed attempt is post-processed
+        assert runs[True][4] <= runs[False][4]
+        if mod is small:
+            assert runs[True][2].get("duplicate", 0) > 0 and runs[True][4] < runs[False][4] / 2
+    assert runs[True][1] > 50 and runs[True][5] == runs[True][4] == 1  # the single program: replayed once
+
+
 def test_a_long_compiler_error_keeps_its_errors_not_its_warnings():
     from opbench.tune.measure import error_text
 

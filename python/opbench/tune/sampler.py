@@ -16,6 +16,16 @@ Algorithm (per task, deterministic for a seed, in one process):
    every child alike, so a valid child is kept as is and becomes a parent too.
 4. **De-duplication.** A program is kept only when the structural hash of its post-processed module
    is new for the task (``duplicate`` is counted otherwise).
+5. **Memo of outcomes.** Replaying a trace whose decisions are all made, and post-processing the result,
+   is deterministic: the same instructions with the same decisions give the same program and the same
+   verdict. Each outcome (kept or duplicate, or the name of what refused it) is remembered under the
+   sketch and the trace's decisions (each with its instruction's position) up to its post-processing. A
+   mutation that repeats a known trace is counted with that outcome without being replayed, and a random
+   sample whose drawn decisions repeat a known trace without being post-processed (one of a sketch that
+   draws no decision at all, without being replayed). Many attempts repeat
+   (a space of few distinct programs is sampled until the ``patience`` runs out; mutations often undo
+   each other), and replaying and ``VerifyGPUCode``'s lowering are most of the sampling time. The
+   candidates, their order and the counts are those without the memo.
 
 The stream is prefix-stable: the first ``n`` candidates of a run asked for ``m > n`` are the
 candidates of a run asked for ``n`` with the same seed, so that a larger ``--per-task`` extends a
@@ -106,7 +116,7 @@ def _seed32(*parts: int) -> int:
 
 def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "default", init_valid: int = 8,
                 attempts_per_candidate: int = 40, min_attempts: int = 400, patience: int = 200,
-                stats: SampleStats | None = None) -> Iterator[Candidate]:
+                stats: SampleStats | None = None, memo: bool = True) -> Iterator[Candidate]:
     """Yield up to ``count`` distinct valid candidates of ``mod`` (see the module docstring).
 
     Parameters
@@ -130,6 +140,9 @@ def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "
         that has given every program it has).
     stats:
         Filled in while sampling (attempts, rejections by reason, seconds).
+    memo:
+        Remember each trace's outcome (step 5 of the module docstring); False replays and post-processes
+        every attempt (the same candidates and counts, slower).
     """
     from tvm import s_tir
     from tvm.s_tir.meta_schedule import _ffi_api
@@ -146,6 +159,7 @@ def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "
     mutators = [(m, float(p)) for m, p in generator.mutator_probs.items() if float(p) > 0]
     rng = random.Random(_seed32(seed, 7))
     seen: set[str] = set()
+    outcomes: dict[str, str] = {}  # a trace's JSON without post-processing -> its outcome ("": kept or duplicate)
     parents: list[tuple[Any, int]] = []  # (post-processed trace, sketch)
     budget = max(min_attempts, attempts_per_candidate * count)
     last_kept = 0  # the attempt that kept the last candidate
@@ -166,7 +180,14 @@ def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "
                 if trace is None:
                     stats.rejected[MUTATOR_DECLINED] += 1
                     continue
-            sch, reason = _replay(mod, trace, postprocs, _seed32(seed, attempt))
+            key = _key(sketch, trace) if memo and origin != "random" else None  # a random sample's are open
+            if memo and origin == "random" and str(sketch) in outcomes:
+                key = str(sketch)  # a sketch that draws nothing (known from its first replay) is one program
+            if key in outcomes:
+                stats.rejected[outcomes[key] or DUPLICATE] += 1
+                continue
+            sch, reason = _replay(mod, trace, postprocs, _seed32(seed, attempt), outcomes if memo else None, key,
+                                  sketch)
             if sch is None:
                 stats.rejected[reason] += 1
                 continue
@@ -186,25 +207,54 @@ def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "
         stats.seconds = time.perf_counter() - start
 
 
-def _replay(mod: Any, trace: Any, postprocs: list[Any], seed: int) -> tuple[Any, str]:
+def _replay(mod: Any, trace: Any, postprocs: list[Any], seed: int, outcomes: dict[str, str] | None = None,
+            key: str | None = None, sketch: int = 0) -> tuple[Any, str]:
     """``trace`` replayed on ``mod`` (open decisions drawn from ``seed``) and post-processed: the
-    schedule, or None and the name of what refused it."""
+    schedule, or None and the name of what refused it.
+
+    ``outcomes`` (the memo; None: none): the outcome is stored under ``key`` (the trace's, where its
+    decisions are all made) or else under the replayed trace's (of ``sketch``); a replayed trace already
+    there is not post-processed again (None and its outcome, ``duplicate`` for one that was kept)."""
     from tvm import s_tir
 
     try:
         sch = s_tir.Schedule(mod, seed=seed, debug_mask=0)
         trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
     except Exception:  # a decision the program cannot take
+        if outcomes is not None and key is not None:
+            outcomes[key] = REPLAY_ERROR
         return None, REPLAY_ERROR
+    if outcomes is not None and key is None:
+        key = _key(sketch, sch.trace)  # the decisions drawn
+        if key in outcomes:
+            return None, outcomes[key] or DUPLICATE
+    sch.enter_postproc()
+    reason = ""
     for postproc in postprocs:
         try:
             ok = postproc.apply(sch)
         except Exception:
             ok = False
         if not ok:
-            return None, type(postproc).__name__
-    return sch, ""
+            reason = type(postproc).__name__
+            break
+    if outcomes is not None and key is not None:
+        outcomes[key] = reason
+    return (None, reason) if reason else (sch, "")
+
+
+def _key(sketch: int, trace: Any) -> str:
+    """The memo's key of a trace of ``sketch``: its decisions, each after its instruction's position, up to
+    its post-processing. The instructions are the sketch's (a mutator changes decisions only), so sketch and
+    decisions determine the program; this is about 20 times cheaper than the trace's JSON."""
+    decisions = trace.decisions
+    parts = [str(sketch)]
+    for i, inst in enumerate(trace.insts):
+        if inst.kind.name == "EnterPostproc":
+            break
+        if inst in decisions:
+            parts.append(f"{i}:{decisions[inst]}")
+    return ";".join(parts)
 
 
 def _hash(mod: Any) -> str:
