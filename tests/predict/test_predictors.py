@@ -54,6 +54,24 @@ def test_corun_recovers_the_group_law(synthetic, tmp_path):
     assert model.concurrent(ops, [20e-6, 10e-6], 100) == pytest.approx(together * 30 / mixed)
 
 
+def test_corun_groups_far_above_their_solo_sum_do_not_train(synthetic):
+    from opbench.predict.corun import MIN_GROUPS, OUTLIER_RATIO, CorunPredictor, corun_examples
+
+    groups, _ = corun_examples(str(synthetic))
+    assert len(groups) >= MIN_GROUPS
+    outliers = [{**g, "concurrent_s": 4.0 * sum(g["solo_s"])} for g in groups[:10]]
+    clean = CorunPredictor.fit(groups)
+    mixed = CorunPredictor.fit(groups + outliers)
+    assert clean.meta["left_out_over_sum"] == 0 and mixed.meta["left_out_over_sum"] == 10
+    assert mixed.meta["n_rows"] == len(groups)
+    got, want = mixed.predict_many(groups[:20]), clean.predict_many(groups[:20])
+    assert [t for t, _ in got] == pytest.approx([t for t, _ in want], rel=1e-9)  # the outliers changed nothing
+    edge = {**groups[0], "concurrent_s": OUTLIER_RATIO * sum(groups[0]["solo_s"])}  # at the ratio: trains
+    assert CorunPredictor.fit(groups + [edge]).meta["n_rows"] == len(groups) + 1
+    few = CorunPredictor.fit(groups[:5] + outliers)  # too few would remain: every group trains
+    assert few.meta["left_out_over_sum"] == 0 and few.meta["n_rows"] == 15
+
+
 def test_bad_inputs_are_one_line_errors(synthetic, tmp_path):
     train(synthetic, "latency", "by_model", tmp_path / "lat.opm", folds=2)
     with pytest.raises(OpBenchError, match="is a latency predictor, not a corun predictor"):
