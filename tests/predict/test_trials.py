@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from opbench import OpBenchError
@@ -180,7 +182,11 @@ def test_metaschedules_mlp_is_compared_on_the_same_split(records_slice, tmp_path
     monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "cache"))
     tasks, _device = trials.trial_examples(str(records_slice[0]), task_modules)
     xgb = trials.evaluate(tasks, "by_model", k=3, seed=0)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     mlp = trials.evaluate(tasks, "by_model", k=3, seed=0, loss="mlp")
+    assert list(temporary.iterdir()) == []  # MetaSchedule's trainer leaves its best weights' file behind: removed
     assert mlp["fold_tasks"] == xgb["fold_tasks"] and mlp["n_test"] == xgb["n_test"] > 0
     m = mlp["metrics"]
     assert 0.0 <= m["pairwise"] <= 1.0 and 0.0 < m["top1"] <= m["top5"] <= 1.0

@@ -23,7 +23,9 @@ import hashlib
 import io
 import logging
 import sqlite3
+import tempfile
 import types
+import unittest.mock
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -405,7 +407,10 @@ def fit_mlp(tasks: Sequence[dict[str, Any]], seed: int = 0) -> _MLPRanker:
                                    lambda xs: [np.asarray(x, dtype="float32") for x in xs])
     trainer = SegmentSumMLPTrainer(TrainerConfig(), state)
     trainer.device = "cpu"  # the same on every machine
-    with _step_lr_without_verbose():
+    # its trainer keeps the best epoch's weights in a temporary file that it never removes (about 1 MB per
+    # training): here that file lands in a folder of ours, removed afterwards
+    with _step_lr_without_verbose(), tempfile.TemporaryDirectory(prefix="opbench-mlp-") as folder, \
+            unittest.mock.patch.object(tempfile, "tempdir", folder):
         trainer.train_full()
     return _MLPRanker(trainer)
 
