@@ -22,10 +22,10 @@ Algorithm (per task, deterministic for a seed, in one process):
    sketch and the trace's decisions (each with its instruction's position) up to its post-processing. A
    mutation that repeats a known trace is counted with that outcome without being replayed, and a random
    sample whose drawn decisions repeat a known trace without being post-processed (one of a sketch that
-   draws no decision at all, without being replayed). Many attempts repeat
-   (a space of few distinct programs is sampled until the ``patience`` runs out; mutations often undo
-   each other), and replaying and ``VerifyGPUCode``'s lowering are most of the sampling time. The
-   candidates, their order and the counts are those without the memo.
+   draws no decision at all, without being replayed). Many attempts repeat (a space of few distinct
+   programs is sampled until the ``patience`` runs out; mutations often undo each other), and replaying
+   and ``VerifyGPUCode``'s lowering are most of the sampling time. The candidates, their order and the
+   counts are those without the memo.
 
 The stream is prefix-stable: the first ``n`` candidates of a run asked for ``m > n`` are the
 candidates of a run asked for ``n`` with the same seed, so that a larger ``--per-task`` extends a
@@ -159,7 +159,7 @@ def sample_task(mod: Any, target: Any, count: int, seed: int = 0, space: str = "
     mutators = [(m, float(p)) for m, p in generator.mutator_probs.items() if float(p) > 0]
     rng = random.Random(_seed32(seed, 7))
     seen: set[str] = set()
-    outcomes: dict[str, str] = {}  # a trace's JSON without post-processing -> its outcome ("": kept or duplicate)
+    outcomes: dict[str, str] = {}  # a trace's _key -> its outcome ("": kept or duplicate; else what refused it)
     parents: list[tuple[Any, int]] = []  # (post-processed trace, sketch)
     budget = max(min_attempts, attempts_per_candidate * count)
     last_kept = 0  # the attempt that kept the last candidate
@@ -228,7 +228,12 @@ def _replay(mod: Any, trace: Any, postprocs: list[Any], seed: int, outcomes: dic
         key = _key(sketch, sch.trace)  # the decisions drawn
         if key in outcomes:
             return None, outcomes[key] or DUPLICATE
-    sch.enter_postproc()
+    try:
+        sch.enter_postproc()
+    except Exception:
+        if outcomes is not None:
+            outcomes[key] = REPLAY_ERROR
+        return None, REPLAY_ERROR
     reason = ""
     for postproc in postprocs:
         try:
