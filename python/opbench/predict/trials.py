@@ -25,7 +25,6 @@ import logging
 import sqlite3
 import tempfile
 import types
-import unittest.mock
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -388,6 +387,7 @@ def fit_mlp(tasks: Sequence[dict[str, Any]], seed: int = 0) -> _MLPRanker:
     """MetaSchedule's MLP cost model (:data:`COMPARED`) trained on the tasks (one feature group per task, as
     :func:`fit_xgb` holds them), for comparison with the xgboost model; needs PyTorch."""
     import random
+    import unittest.mock  # not at the module's top: importing it loads asyncio, and only this comparison needs it
 
     try:
         import torch
