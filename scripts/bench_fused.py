@@ -78,7 +78,8 @@ def prebuild(name: str, batch: int) -> dict:
     t = time.perf_counter()
     fused = FusedBackend(model, inputs)
     res.update(fused_cold_s=time.perf_counter() - t, regions_compile_cold_s=fused.compile_s,
-               regions=len(fused.regions), region_fallbacks=len(fused.fallbacks))
+               regions=len(fused.regions), region_fallbacks=len(fused.fallbacks), regions_built=fused.built,
+               regions_seconds=fused.compile_seconds)
     return res
 
 

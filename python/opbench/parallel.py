@@ -182,7 +182,7 @@ def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
     backend = _backend(model, inputs, o, given)
     phases["trace_s" if o.kernels == "aten" else "build_s"] = time.perf_counter() - clock
     if o.kernels == "fused":
-        phases["regions_compile_s"] = backend.compile_s
+        phases.update(regions_compile_s=backend.compile_s, **region_phases(backend))
     if phases.get("cache") and given is not None and given.meta.get("graph") != backend.graph.fingerprint():
         log.info("capturer cache: the saved schedule is of another graph; searching again")
         given, phases["cache"] = None, 0.0
@@ -196,6 +196,13 @@ def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
                                table=table_rows(found.rows))
         _cache_put(cached, found.plan)
     return _Selected(backend, baselines, found.plan, found.rows, structure, phases)
+
+
+def region_phases(backend: Any) -> dict[str, float]:
+    """A fused backend's regions by how they were built (``regions_loaded``, ...) and where their compile seconds
+    went (``regions_trace_s``, ...), for a capturer's ``phases``."""
+    counts = {f"regions_{k.replace('.', '_')}": float(v) for k, v in getattr(backend, "built", {}).items()}
+    return counts | {f"regions_{k.replace('.', '_')}_s": v for k, v in getattr(backend, "compile_seconds", {}).items()}
 
 
 def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
@@ -237,7 +244,7 @@ def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
     if choice == "schedule":
         backend = _backend(model, inputs, o, plan)
         if o.kernels == "fused":
-            phases["regions_compile_s"] = backend.compile_s
+            phases.update(regions_compile_s=backend.compile_s, **region_phases(backend))
         if plan.meta.get("graph") != backend.graph.fingerprint():
             log.info("capturer cache: the saved schedule is of another graph; searching again")
             return None

@@ -3,11 +3,13 @@ Inductor, launched one region at a time on the streams a schedule gives.
 
 :class:`FusedBackend` traces the model into a ``torch.fx`` graph (``torch.fx`` where it can, else
 ``torch.export``), cuts it into regions (:mod:`opbench.ir.regions`), splits the graph into one
-submodule per region (``torch.fx.passes.split_module``) and compiles each with
-``torch.compile(region, dynamic=False, fullgraph=True)``: Inductor's kernels, without CUDA Graphs
-of its own, so that the executor captures every region of every stream in one CUDA Graph.
-Regions of identical structure compile once (Inductor's graph cache, which also makes a second
-build in a new process fast). With ``merge``, IOS's merge is written into the traced graph before it is
+submodule per region (``torch.fx.passes.split_module``) and compiles each with Inductor ahead of time
+(:class:`RegionCompiler`: the region traced to ATen operators with its parameters as inputs, then
+``torch._inductor.standalone_compile``; ``torch.compile(region, fullgraph=True)`` where that fails):
+Inductor's kernels, without CUDA Graphs of its own, so that the executor captures every region of every
+stream in one CUDA Graph. Regions of identical structure compile once, and the compiled code is kept
+(``$OPBENCH_CACHE/regions``), so that a second build, in this process or a new one, loads it: no Dynamo,
+no compile. With ``merge``, IOS's merge is written into the traced graph before it is
 cut (:func:`opbench.ir.torch_graph.merge_into_graph`): sibling convolutions that read one input become
 one wider convolution that Inductor compiles into its region, so fewer and larger kernels run. A region
 Inductor cannot compile runs its ATen operators, logged once.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..errors import OpBenchError, first_line
@@ -30,9 +33,271 @@ from .backend import TorchBackend
 log = logging.getLogger(__name__)
 
 
+#: the version of how a region is compiled and stored (a part of each stored region's key)
+REGION_FORMAT = 1
+
+
+class RegionCall:
+    """A region compiled ahead of time: Inductor's code for the region's ATen operators, called with the
+    region's inputs and then its parameters and buffers. They are passed, not baked into the code, so that
+    regions of one structure (a network's repeated cells) share one compiled artifact."""
+
+    def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any) -> None:
+        self.artifact, self.tensors, self.spec = artifact, list(tensors), spec
+
+    def __call__(self, *inputs: Any) -> Any:
+        import torch
+
+        return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
+
+
+def _aten_graph(region: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any], Any]:
+    """``region`` traced to ATen operators (fake tensors: nothing runs) as a function of its inputs and then its
+    parameters and buffers, returning a flat tuple; with those tensors and the outputs' tree structure."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    items = list(region.named_parameters()) + list(region.named_buffers())
+    names, tensors = [k for k, _ in items], [v.detach() for _, v in items]
+    spec: list[Any] = []
+
+    def flat(*values: Any) -> tuple[Any, ...]:
+        out = torch.func.functional_call(region, dict(zip(names, values[len(inputs):], strict=True)),
+                                         tuple(values[:len(inputs)]))
+        leaves, tree = torch.utils._pytree.tree_flatten(out)
+        spec[:] = [tree]
+        return tuple(leaves)
+
+    with torch.no_grad():
+        graph = make_fx(flat, tracing_mode="fake")(*inputs, *tensors)
+    return graph, tensors, spec[0]
+
+
+def _region_key(graph: Any, values: Sequence[Any]) -> str:
+    """The stored artifact's key: the ATen graph's code, its inputs' shapes, strides, dtypes and devices,
+    the device's name, the torch version and :data:`REGION_FORMAT`."""
+    import torch
+
+    from ..utils import digest
+
+    def meta(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return repr(x)
+        return [list(x.shape), list(x.stride()), str(x.dtype), str(x.device.type)]
+
+    cuda = next((x.device for x in values if isinstance(x, torch.Tensor) and x.device.type == "cuda"), None)
+    device = f"{torch.cuda.get_device_name(cuda)} {torch.cuda.get_device_capability(cuda)}" if cuda else "cpu"
+    return digest({"code": graph.code, "inputs": [meta(x) for x in values], "device": device,
+                   "torch": torch.__version__, "format": REGION_FORMAT})
+
+
+class RegionCompiler:
+    """Compiles regions with Inductor, each structure once, and keeps the compiled code for later builds.
+
+    A region is traced to ATen operators with its parameters as inputs (:func:`_aten_graph`) and compiled
+    by ``torch._inductor.standalone_compile`` (no Dynamo: nothing to trace again or guard). The artifact is
+    stored under ``folder`` by :func:`_region_key`, so that a later build of a region of the same structure,
+    in this process or another, loads it instead of compiling. With ``jobs`` > 1 the structures not stored
+    yet are compiled first by that many worker processes (each compile is mostly single-threaded Python).
+    A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
+    Inductor cannot compile at all runs its ATen operators.
+
+    Attributes
+    ----------
+    counts:
+        How each region was built: ``compiled`` (here), ``compiled_by_workers``, ``loaded`` (stored by an
+        earlier build), ``shared`` (a region of the same structure earlier in this build), ``torch.compile``,
+        ``aten``.
+    seconds:
+        Where the time went: ``trace`` (to ATen), ``workers`` (their compiles, wall), ``compile`` and ``load``
+        (the artifacts), ``run`` (each region once), ``torch.compile`` (regions that went that way).
+    """
+
+    def __init__(self, folder: Any | None, jobs: int = 1) -> None:
+        self.folder, self.jobs = folder, jobs
+        self.counts: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self._built: dict[str, Any] = {}
+        self._by_workers: set[str] = set()
+
+    def _count(self, how: str) -> None:
+        self.counts[how] = self.counts.get(how, 0) + 1
+
+    def _lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - since
+        return now
+
+    def _path(self, key: str) -> Any | None:
+        return self.folder / f"{key}.bin" if self.folder is not None else None
+
+    def _artifact(self, graph: Any, values: list[Any], key: str) -> Any:
+        """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``: shared, loaded or compiled."""
+        import torch
+
+        if key in self._built:
+            self._count("shared")
+            return self._built[key]
+        path = self._path(key)
+        constants = any(n.op == "get_attr" for n in graph.graph.nodes)  # baked into the code: not stored
+        artifact, clock = None, time.perf_counter()
+        if path is not None and not constants and path.is_file():
+            try:
+                artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+                self._count("compiled_by_workers" if key in self._by_workers else "loaded")
+            except Exception as err:  # another torch, a torn file: compile it again
+                log.info("stored region %s not loaded (%s); compiling it", path.name, first_line(err))
+            clock = self._lap("load", clock)
+        if artifact is None:
+            with torch.no_grad():
+                artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
+            self._count("compiled")
+            if path is not None and not constants:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    artifact.save(path=str(path), format="binary")  # written whole (write_atomic)
+                except Exception as err:  # an artifact that cannot be serialised is used, not kept
+                    log.info("region not stored (%s)", first_line(err))
+            self._lap("compile", clock)
+        self._built[key] = artifact
+        return artifact
+
+    def _precompile(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
+        """Compile and store ``todo`` (key -> ATen graph, values) in ``jobs`` worker processes, the largest graphs
+        first, each worker a share of about equal size; what fails there is compiled again here.
+
+        The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
+        caller's script runs again in them."""
+        import os
+        import pickle
+        import subprocess
+        import sys
+        import tempfile
+
+        clock = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        shares: list[list[tuple[str, Any]]] = [[] for _ in range(min(self.jobs, len(todo)))]
+        sizes = [0] * len(shares)
+        for key, (graph, values) in sorted(todo.items(), key=lambda kv: -len(kv[1][0].graph.nodes)):
+            i = sizes.index(min(sizes))
+            shares[i].append((key, graph, _specs(values), str(self._path(key))))
+            sizes[i] += len(graph.graph.nodes)
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
+        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        workers = []
+        for share in shares:
+            try:
+                payload = pickle.dumps(share)
+            except Exception as err:  # graphs that cannot travel are compiled here
+                log.info("regions compiled here: %s", first_line(err))
+                continue
+            errors = tempfile.TemporaryFile()
+            proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env)
+            workers.append((proc, payload, errors))
+        for proc, payload, _ in workers:  # each worker reads its share before it imports torch
+            try:
+                proc.stdin.write(payload)
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc, _, errors in workers:
+            try:  # its few lines of output fit the pipe: wait, then read them
+                proc.wait(timeout=max(60.0, 900.0 - (time.perf_counter() - clock)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            out = proc.stdout.read()
+            proc.stdout.close()
+            lines = [line.partition(" ") for line in out.decode(errors="replace").splitlines()]
+            self._by_workers.update(key for status, _, key in lines if status == "ok")
+            if proc.returncode or any(status != "ok" for status, _, _ in lines):
+                errors.seek(0)
+                said = [t for t in errors.read().decode(errors="replace").splitlines() if t.startswith("region ")]
+                log.info("a region compile worker ended with %s (%s); what it did not compile is compiled here",
+                         proc.returncode, (said or ["no message"])[-1][:300])
+            errors.close()
+        self._lap("workers", clock)
+        log.info("%d of %d region structures compiled by %d workers in %.1f s", len(self._by_workers), len(todo),
+                 len(workers), time.perf_counter() - clock)
+
+    def compile_all(self, regions: Sequence[tuple[str, Any, Sequence[Any]]]) -> dict[str, tuple[Any, str | None]]:
+        """Each ``(name, region, inputs)`` compiled and run once on its inputs: name -> (callable, None), or
+        (the region itself, why) when Inductor cannot compile it (see the class docstring)."""
+        traced: dict[str, Any] = {}
+        for name, region, inputs in regions:
+            clock = time.perf_counter()
+            try:
+                graph, tensors, spec = _aten_graph(region, inputs)
+                traced[name] = (graph, [*inputs, *tensors], tensors, spec, _region_key(graph, [*inputs, *tensors]))
+            except Exception as err:  # not traceable to ATen: Dynamo's way
+                log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
+            self._lap("trace", clock)
+        todo = {t[4]: (t[0], t[1]) for t in traced.values()
+                if self._path(t[4]) is not None and not self._path(t[4]).is_file()
+                and not any(n.op == "get_attr" for n in t[0].graph.nodes)}
+        if self.jobs > 1 and len(todo) > 1:
+            self._precompile(todo)
+        return {name: self._one(name, region, inputs, traced.get(name)) for name, region, inputs in regions}
+
+    def _one(self, name: str, region: Any, inputs: Sequence[Any], traced: Any) -> tuple[Any, str | None]:
+        import torch
+
+        if traced is not None:
+            graph, values, tensors, spec, key = traced
+            try:
+                call = RegionCall(self._artifact(graph, values, key), tensors, spec)
+                clock = time.perf_counter()
+                with torch.no_grad():
+                    call(*inputs)
+                self._lap("run", clock)
+                return call, None
+            except Exception as err:  # not compiled ahead of time by this torch: Dynamo's way
+                log.debug("region %s: ahead-of-time compile failed (%s); using torch.compile", name, first_line(err))
+        clock = time.perf_counter()
+        compiled, why = compile_region(region, inputs, name)
+        self._count("aten" if why else "torch.compile")
+        self._lap("torch.compile", clock)
+        return compiled, why
+
+
+def _specs(values: Sequence[Any]) -> list[Any]:
+    """Tensors as (shape, stride, dtype, device) for a worker, which makes empty ones of each; other values as
+    they are."""
+    import torch
+
+    return [("tensor", tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)) if isinstance(v, torch.Tensor)
+            else ("value", v) for v in values]
+
+
+def _worker() -> None:
+    """A region compile worker (:meth:`RegionCompiler._precompile`): reads its share from standard input,
+    compiles and stores each graph, and says ``ok KEY`` or ``failed KEY`` on a line for each."""
+    import pickle
+    import sys
+
+    data = sys.stdin.buffer.read()  # first, so that the parent does not wait for this import of torch
+    import torch
+    import torch._inductor.compile_fx  # noqa: F401  (what the graphs' unpickling refers to)
+    import torch.fx.experimental.proxy_tensor  # noqa: F401
+
+    for key, graph, specs, path in pickle.loads(data):  # noqa: S301 (a pipe from our parent, never a file)
+        try:
+            values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
+                      for s in specs]
+            with torch.no_grad():
+                artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
+            artifact.save(path=path, format="binary")
+            print("ok", key, flush=True)
+        except Exception as err:
+            print("failed", key, flush=True)
+            print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
+
+
 def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, str | None]:
-    """``region`` compiled by Inductor and run once on ``inputs`` (compiling it), or the region itself
-    with the reason when Inductor cannot compile it."""
+    """``region`` compiled by ``torch.compile`` (Dynamo, then Inductor) and run once on ``inputs`` (compiling it),
+    or the region itself with the reason when Inductor cannot compile it."""
     import torch
 
     compiled = torch.compile(region, dynamic=False, fullgraph=True)
@@ -43,6 +308,19 @@ def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, 
     except Exception as err:  # a region Inductor cannot take runs its ATen operators
         first = first_line(err)
         return region, f"{type(err).__name__}: {first[:200]}"
+
+
+def compile_jobs(jobs: int | None) -> int:
+    """Worker processes for compiling regions: ``jobs``, or ``$OPBENCH_COMPILE_JOBS``, or one per two cores up to 8
+    on a machine of at least 8 cores (1, compiling in this process, on smaller ones)."""
+    import os
+
+    if jobs is None:
+        jobs = int(os.environ.get("OPBENCH_COMPILE_JOBS") or 0) or None
+    if jobs is None:
+        cores = os.cpu_count() or 1
+        jobs = min(8, cores // 2) if cores >= 8 else 1
+    return max(1, int(jobs))
 
 
 class FusedBackend(TorchBackend):
@@ -62,13 +340,23 @@ class FusedBackend(TorchBackend):
     merge:
         IOS's merge before the cut: ``True`` merges every group of sibling convolutions, a list of groups
         (node names of the traced graph) those groups; a saved schedule's ``meta["merged"]`` again.
+    store:
+        Where compiled regions are kept for later builds (:class:`RegionCompiler`): ``"default"`` is
+        ``$OPBENCH_CACHE/regions``, None keeps nothing.
+    jobs:
+        Worker processes that compile the regions not stored yet (:func:`compile_jobs`; None: automatic).
 
     Attributes
     ----------
     regions:
         The cut: the traced node names of each region, in launch order.
     compile_s:
-        Seconds spent compiling the regions.
+        Seconds spent compiling the regions (or loading them).
+    built:
+        How many regions were compiled, loaded, shared within this build, compiled by ``torch.compile``,
+        or left to their ATen operators (:attr:`RegionCompiler.counts`).
+    compile_seconds:
+        Where :attr:`compile_s` went (:attr:`RegionCompiler.seconds`).
     fallbacks:
         Region name -> why it runs its ATen operators.
     merged_groups:
@@ -80,11 +368,16 @@ class FusedBackend(TorchBackend):
     def __init__(self, model: Any, inputs: Sequence[Any], cut: str = "branches",
                  regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
-                 merge: bool | Sequence[Sequence[str]] = False) -> None:
+                 merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
+                 jobs: int | None = None) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
 
+        if store == "default":
+            from ..utils import cache_root
+
+            store = cache_root() / "regions"
         if cut not in CUTS:
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
         gm, self.source_trace = fx_module(model, inputs, trace)
@@ -117,14 +410,16 @@ class FusedBackend(TorchBackend):
         start = time.perf_counter()
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
-        for name, region in split.named_children():
-            if name not in seen:
-                continue
-            compiled[name], why = compile_region(region, seen[name], name)
+        compiler = RegionCompiler(None if store is None else Path(store), compile_jobs(jobs))
+        built = compiler.compile_all([(name, region, seen[name]) for name, region in split.named_children()
+                                      if name in seen])
+        for name, (compiled[name], why) in built.items():
             if why is not None:
                 self.fallbacks[name] = why
                 log.warning("region %s runs its ATen operators: Inductor cannot compile it (%s)", name, why)
         self.compile_s = time.perf_counter() - start
+        self.built, self.compile_seconds = dict(compiler.counts), dict(compiler.seconds)
+        log.info("regions: %s in %.1f s", ", ".join(f"{v} {k}" for k, v in sorted(self.built.items())), self.compile_s)
         super().__init__(split, inputs, trace="graph")
         flops = self._region_flops(gm, inputs, cut_ops)
         for node in list(self.traced.modules):
@@ -153,4 +448,5 @@ class FusedBackend(TorchBackend):
         return {by_region[r]: sum(traced[i].flops for i in ops) for r, ops in enumerate(cut_ops) if r in by_region}
 
 
-__all__ = ["FusedBackend", "compile_region", "fx_module"]  # fx_module: opbench.ir.torch_graph's
+# fx_module: opbench.ir.torch_graph's
+__all__ = ["FusedBackend", "RegionCall", "RegionCompiler", "compile_region", "fx_module"]
