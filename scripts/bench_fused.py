@@ -30,8 +30,11 @@ are the row's ``rebuild``. ``--deadline-s`` stops between models.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -120,13 +123,22 @@ def rebuild(name: str, batch: int, args) -> dict:
     model, inputs = load(name, batch)
     with torch.no_grad():
         ref = model(*inputs)
+    profile = cProfile.Profile() if args.profile_rebuild else None
     t = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True)
+    if profile is not None:
+        profile.disable()
     res = {"build_s": time.perf_counter() - t, "phases": fused.phases,
            "kept": next(r["schedule"] for r in fused.table if r["kept"]),
            "cached_choice": bool(fused.phases.get("cache_choice"))}
     with torch.no_grad():
         res["err"] = relative_err(fused(*inputs), ref)
+    if profile is not None:  # where the rebuild's seconds went: the 40 functions of most cumulative time
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+        res["profile"] = text.getvalue().splitlines()
     return res
 
 
@@ -145,7 +157,8 @@ def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     path.unlink(missing_ok=True)
     env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
     cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtype", DTYPE,
-           "--repeat", str(args.repeat), "--number", str(args.number)]
+           "--repeat", str(args.repeat), "--number", str(args.number)] + (["--profile-rebuild"] if args.profile_rebuild
+                                                                         else [])
     try:
         subprocess.run(cmd, env=env, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -278,6 +291,8 @@ def main() -> int:
     parser.add_argument("--name", default="bench_fused.json")
     parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
     parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
+    parser.add_argument("--profile-rebuild", action="store_true",
+                        help="profile the rebuild (cProfile): its top functions go into the row's rebuild")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
     parser.add_argument("--rebuild", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help="float32 (PyTorch's default precision), float16, bfloat16")

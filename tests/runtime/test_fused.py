@@ -93,7 +93,8 @@ class TwoBlocks(torch.nn.Module):
         return self.second(self.squeeze(self.first(torch.cat([x, x, x], 1)[:, :8])))
 
 
-def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp_path, caplog):
+def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp_path, monkeypatch):
+    from opbench.runtime import fused
     from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
     from opbench.schedule import get_scheduler
@@ -123,8 +124,19 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert third.built.get("compiled") == 1 and third.built["loaded"] == len(stored) - 1
     assert built(None).built["compiled"] == first.built["compiled"] and not list(tmp_path.glob("*.tmp*"))
     # two worker processes compile what is not stored yet; this process loads it
+    monkeypatch.setattr(fused, "WORKERS_FROM", 2)
     workers = built(tmp_path / "workers", jobs=2)
     assert workers.built == {"compiled_by_workers": first.built["compiled"], "shared": first.built["shared"]}
+    # a structure that cannot be stored is marked, and later builds compile it here instead of in a worker
+    artifact = next(m for m in first.traced.modules.values() if isinstance(m, fused.RegionCall)).artifact
+
+    def refuse(self, **kwargs):
+        raise RuntimeError("nothing to serialize")
+
+    monkeypatch.setattr(type(artifact), "save", refuse)
+    assert built(tmp_path / "unstored").built["compiled"] == first.built["compiled"]
+    assert len(list((tmp_path / "unstored").glob("*.unstored"))) == first.built["compiled"]
+    assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
 @pytest.mark.slow

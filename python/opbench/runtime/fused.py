@@ -19,6 +19,7 @@ To the schedulers and the executor the regions are ordinary operators: it is a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: the version of how a region is compiled and stored (a part of each stored region's key)
 REGION_FORMAT = 1
+#: the fewest structures to compile for which worker processes start (starting one costs seconds: an import of
+#: torch and a CUDA context; on an H100 host, workers took 18 s for three structures)
+WORKERS_FROM = 12
 
 
 class RegionCall:
@@ -131,6 +135,13 @@ class RegionCompiler:
     def _path(self, key: str) -> Any | None:
         return self.folder / f"{key}.bin" if self.folder is not None else None
 
+    def _worth_a_worker(self, key: str, graph: Any) -> bool:
+        """Whether a worker should compile this structure: it can be stored (no constants in its code, not
+        found unstorable before) and is not stored yet."""
+        path = self._path(key)
+        return (path is not None and not path.is_file() and not path.with_suffix(".unstored").exists()
+                and not any(n.op == "get_attr" for n in graph.graph.nodes))
+
     def _artifact(self, graph: Any, values: list[Any], key: str) -> Any:
         """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``: shared, loaded or compiled."""
         import torch
@@ -156,8 +167,10 @@ class RegionCompiler:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     artifact.save(path=str(path), format="binary")  # written whole (write_atomic)
-                except Exception as err:  # an artifact that cannot be serialised is used, not kept
+                except Exception as err:  # used, not kept; later builds compile it here, not in a worker
                     log.info("region not stored (%s)", first_line(err))
+                    with contextlib.suppress(OSError):
+                        path.with_suffix(".unstored").touch()
             self._lap("compile", clock)
         self._built[key] = artifact
         return artifact
@@ -234,10 +247,8 @@ class RegionCompiler:
             except Exception as err:  # not traceable to ATen: Dynamo's way
                 log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
             self._lap("trace", clock)
-        todo = {t[4]: (t[0], t[1]) for t in traced.values()
-                if self._path(t[4]) is not None and not self._path(t[4]).is_file()
-                and not any(n.op == "get_attr" for n in t[0].graph.nodes)}
-        if self.jobs > 1 and len(todo) > 1:
+        todo = {t[4]: (t[0], t[1]) for t in traced.values() if self._worth_a_worker(t[4], t[0])}
+        if self.jobs > 1 and len(todo) >= WORKERS_FROM:
             self._precompile(todo)
         return {name: self._one(name, region, inputs, traced.get(name)) for name, region, inputs in regions}
 
