@@ -124,9 +124,13 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert third.built.get("compiled") == 1 and third.built["loaded"] == len(stored) - 1
     assert built(None).built["compiled"] == first.built["compiled"] and not list(tmp_path.glob("*.tmp*"))
     # two worker processes compile what is not stored yet; this process loads it
-    monkeypatch.setattr(fused, "WORKERS_FROM", 2)
+    monkeypatch.setattr(fused, "WORKERS_FROM", 3)
+    monkeypatch.setattr(fused, "COLD_S", 1e3)  # the first two compiled here were quick: no workers
+    assert built(tmp_path / "warm", jobs=2).built == first.built
+    monkeypatch.setattr(fused, "COLD_S", 0.0)  # they were slow: workers compile the rest
     workers = built(tmp_path / "workers", jobs=2)
-    assert workers.built == {"compiled_by_workers": first.built["compiled"], "shared": first.built["shared"]}
+    assert workers.built == {"compiled": fused.PROBES, "compiled_by_workers": first.built["compiled"] - fused.PROBES,
+                             "shared": first.built["shared"]}
     # a structure that cannot be stored is marked, and later builds compile it here instead of in a worker
     artifact = next(m for m in first.traced.modules.values() if isinstance(m, fused.RegionCall)).artifact
 

@@ -39,6 +39,9 @@ REGION_FORMAT = 1
 #: the fewest structures to compile for which worker processes start (starting one costs seconds: an import of
 #: torch and a CUDA context; on an H100 host, workers took 18 s for three structures)
 WORKERS_FROM = 12
+#: structures compiled here first, and the seconds each must take on average (Inductor's caches cold) for workers
+#: to start; warm, a structure compiles here in 0.1-0.3 s, and workers took 16 s for googlenet's 42 (H100 host)
+PROBES, COLD_S = 2, 1.0
 
 
 class RegionCall:
@@ -102,7 +105,8 @@ class RegionCompiler:
     by ``torch._inductor.standalone_compile`` (no Dynamo: nothing to trace again or guard). The artifact is
     stored under ``folder`` by :func:`_region_key`, so that a later build of a region of the same structure,
     in this process or another, loads it instead of compiling. With ``jobs`` > 1 the structures not stored
-    yet are compiled first by that many worker processes (each compile is mostly single-threaded Python).
+    yet are compiled by that many worker processes (each compile is mostly single-threaded Python) when there
+    are many (:data:`WORKERS_FROM`) and the first ones (:data:`PROBES`) were slow here (Inductor's caches cold).
     A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
     Inductor cannot compile at all runs its ATen operators.
 
@@ -123,6 +127,7 @@ class RegionCompiler:
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
         self._by_workers: set[str] = set()
+        self._probed: set[str] = set()
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -147,7 +152,10 @@ class RegionCompiler:
         import torch
 
         if key in self._built:
-            self._count("shared")
+            if key in self._probed:  # compiled (and counted) before its region's turn
+                self._probed.discard(key)
+            else:
+                self._count("shared")
             return self._built[key]
         path = self._path(key)
         constants = any(n.op == "get_attr" for n in graph.graph.nodes)  # baked into the code: not stored
@@ -249,7 +257,16 @@ class RegionCompiler:
             self._lap("trace", clock)
         todo = {t[4]: (t[0], t[1]) for t in traced.values() if self._worth_a_worker(t[4], t[0])}
         if self.jobs > 1 and len(todo) >= WORKERS_FROM:
-            self._precompile(todo)
+            # a few here first: with Inductor's caches warm a structure compiles here in a fraction of a second,
+            # less than a worker takes to start; cold it takes seconds, and workers compile the rest
+            clock, probes = time.perf_counter(), list(todo)[:PROBES]
+            for key in probes:
+                graph, values = todo.pop(key)
+                with contextlib.suppress(Exception):  # compiled again (and refused) where the region is built
+                    self._artifact(graph, values, key)
+                    self._probed.add(key)
+            if (time.perf_counter() - clock) / len(probes) > COLD_S and len(todo) >= WORKERS_FROM - PROBES:
+                self._precompile(todo)
         return {name: self._one(name, region, inputs, traced.get(name)) for name, region, inputs in regions}
 
     def _one(self, name: str, region: Any, inputs: Sequence[Any], traced: Any) -> tuple[Any, str | None]:
