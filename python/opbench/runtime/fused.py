@@ -81,8 +81,9 @@ def _aten_graph(region: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any], Any
 
 
 def _region_key(graph: Any, values: Sequence[Any]) -> str:
-    """The stored artifact's key: the ATen graph's code, its inputs' shapes, strides, dtypes and devices,
-    the device's name, the torch version and :data:`REGION_FORMAT`."""
+    """The stored artifact's key: the ATen graph's code, its inputs' shapes, strides, offsets (Inductor's code
+    may assume aligned inputs), dtypes and devices, the device's name, the torch version and
+    :data:`REGION_FORMAT`."""
     import torch
 
     from ..utils import digest
@@ -90,7 +91,7 @@ def _region_key(graph: Any, values: Sequence[Any]) -> str:
     def meta(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return repr(x)
-        return [list(x.shape), list(x.stride()), str(x.dtype), str(x.device.type)]
+        return [list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), str(x.device.type)]
 
     cuda = next((x.device for x in values if isinstance(x, torch.Tensor) and x.device.type == "cuda"), None)
     device = f"{torch.cuda.get_device_name(cuda)} {torch.cuda.get_device_capability(cuda)}" if cuda else "cpu"
@@ -173,7 +174,7 @@ class RegionCompiler:
             self._count("compiled")
             if path is not None and not constants:
                 try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # compiled code: ours alone
                     artifact.save(path=str(path), format="binary")  # written whole (write_atomic)
                 except Exception as err:  # used, not kept; later builds compile it here, not in a worker
                     log.info("region not stored (%s)", first_line(err))
@@ -196,7 +197,7 @@ class RegionCompiler:
         import tempfile
 
         clock = time.perf_counter()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         shares: list[list[tuple[str, Any]]] = [[] for _ in range(min(self.jobs, len(todo)))]
         sizes = [0] * len(shares)
         for key, (graph, values) in sorted(todo.items(), key=lambda kv: -len(kv[1][0].graph.nodes)):
