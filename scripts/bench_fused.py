@@ -18,8 +18,9 @@ model (a re-run with the same OUT skips what is there); a table is printed.
 
 Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
 process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
-regions, into Inductor's caches); the measured run then builds again in this process ("warm": what a
-user's second build in a new process costs). The fused build keeps its choice (``capturer(cache=True)``, in
+regions, into Inductor's caches, with an empty store of compiled regions: ``$OPBENCH_CACHE`` of its own);
+the measured run then builds again in this process ("warm": what a user's second build in a new process
+costs). The fused build keeps its choice (``capturer(cache=True)``, in
 ``OUT/cache``); after the timing a new process builds the same model again with that cache ("rebuild": only
 the kept candidate is built, nothing measured), and its build seconds, its choice and its outputs' error
 are the row's ``rebuild``. ``--deadline-s`` stops between models.
@@ -97,7 +98,9 @@ def prebuild_all(items: list[tuple[str, int]], out: Path, jobs: int, deadline: f
         while todo and len(running) < jobs:
             n, b = todo.pop(0)
             cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtype", DTYPE]
-            running.append((subprocess.Popen(cmd, env=env), time.perf_counter()))
+            store = folder / f"cache_{n}_{b}_{DTYPE}"  # an empty store of compiled regions: a cold build
+            shutil.rmtree(store, ignore_errors=True)
+            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store))), time.perf_counter()))
         time.sleep(1)
         running = [(p, t) for p, t in running if p.poll() is None]
         if time.perf_counter() > deadline:
