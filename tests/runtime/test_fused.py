@@ -4,6 +4,8 @@ choices are one line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from opbench import OpBenchError
@@ -119,6 +121,19 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert len(stored) == first.built["compiled"]
     second = built(tmp_path)  # a new build: every structure loaded from the folder, nothing compiled
     assert second.built == {"loaded": first.built["compiled"], "shared": first.built["shared"]}
+    # ... and found through each region's quick key: nothing traced to ATen
+    with monkeypatch.context() as patched:
+        patched.setattr(fused, "_aten_graph", lambda *a: pytest.fail("traced to ATen"))
+        assert built(tmp_path).built == second.built
+    # an index entry that points at another structure's code is caught by the outputs' check, and traced again
+    entries = sorted((tmp_path / "index").glob("*.json"))
+    assert len(entries) == n
+    right = {e: json.loads(e.read_text())["key"] for e in entries}
+    for entry, key in right.items():
+        entry.write_text(json.dumps(dict(json.loads(entry.read_text()),
+                                         key=next(k for k in sorted(set(right.values())) if k != key))))
+    assert built(tmp_path).built == second.built  # outputs equal the model's (checked in built)
+    assert {e: json.loads(e.read_text())["key"] for e in entries} == right  # each entry written again, right
     stored[0].write_bytes(b"torn")  # a stored region that cannot be loaded is compiled again
     third = built(tmp_path)
     assert third.built.get("compiled") == 1 and third.built["loaded"] == len(stored) - 1

@@ -20,6 +20,8 @@ To the schedulers and the executor the regions are ordinary operators: it is a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +31,7 @@ from typing import Any
 from ..errors import OpBenchError, first_line
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
 from ..ir.torch_graph import fx_module, merge_into_graph
+from ..utils import written_whole
 from .backend import TorchBackend
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ WORKERS_FROM = 12
 #: structures compiled here first, and the seconds each must take on average (Inductor's caches cold) for workers
 #: to start; warm, a structure compiles here in 0.1-0.3 s, and workers took 16 s for googlenet's 42 (H100 host)
 PROBES, COLD_S = 2, 1.0
+#: how far (relative norm) a region found through its quick key may be from the region's own outputs: Inductor's
+#: rounding differs from eager's by far less; code of another region by far more
+CLOSE = 5e-2
 
 
 class RegionCall:
@@ -81,22 +87,71 @@ def _aten_graph(region: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any], Any
 
 
 def _region_key(graph: Any, values: Sequence[Any]) -> str:
-    """The stored artifact's key: the ATen graph's code, its inputs' shapes, strides, offsets (Inductor's code
-    may assume aligned inputs), dtypes and devices, the device's name, the torch version and
-    :data:`REGION_FORMAT`."""
+    """The stored artifact's key: the ATen graph's code, its values' metadata (:func:`_meta`), the device's name,
+    the torch version and :data:`REGION_FORMAT`."""
     import torch
 
     from ..utils import digest
 
-    def meta(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return repr(x)
-        return [list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), str(x.device.type)]
+    return digest({"code": graph.code, "inputs": [_meta(x) for x in values], "device": _device_name(values),
+                   "torch": torch.__version__, "format": REGION_FORMAT})
+
+
+def _meta(x: Any) -> Any:
+    """A value as its key sees it: a tensor's shape, strides, offset (Inductor's code may assume aligned
+    inputs), dtype and device kind; anything else its ``repr``."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return repr(x)
+    return [list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype), str(x.device.type)]
+
+
+def _device_name(values: Sequence[Any]) -> str:
+    import torch
 
     cuda = next((x.device for x in values if isinstance(x, torch.Tensor) and x.device.type == "cuda"), None)
-    device = f"{torch.cuda.get_device_name(cuda)} {torch.cuda.get_device_capability(cuda)}" if cuda else "cpu"
-    return digest({"code": graph.code, "inputs": [meta(x) for x in values], "device": device,
-                   "torch": torch.__version__, "format": REGION_FORMAT})
+    return f"{torch.cuda.get_device_name(cuda)} {torch.cuda.get_device_capability(cuda)}" if cuda else "cpu"
+
+
+#: where a region's ``call_function`` targets may come from for :func:`_quick_key` (a function of the user's could
+#: change without its name changing)
+_LIBRARY_FUNCTIONS = ("torch", "_operator", "operator", "math", "builtins", "_functools", "functools")
+
+
+def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
+    """A key of a region as traced by ``torch.fx`` (its code, its modules' types, settings and modes, its inputs',
+    parameters' and buffers' metadata), computed without tracing it to ATen; None for a region that calls a
+    function outside torch and the standard library. A later build finds through it the stored artifact of the
+    region's ATen graph (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's."""
+    import torch
+
+    from ..utils import digest
+
+    modules = []
+    for node in region.graph.nodes:
+        if node.op == "call_module":
+            m = region.get_submodule(node.target)
+            modules.append([node.target, f"{type(m).__module__}.{type(m).__qualname__}", repr(m), m.training])
+        elif node.op == "call_function" and not str(getattr(node.target, "__module__", None) or "").startswith(
+                _LIBRARY_FUNCTIONS):
+            return None
+    return digest({"code": region.code, "modules": modules, "values": [_meta(x) for x in values],
+                   "device": _device_name(values), "torch": torch.__version__, "format": REGION_FORMAT})
+
+
+@dataclasses.dataclass
+class _Traced:
+    """A region ready for its artifact: its ATen graph (None when found through the quick key), the values it is
+    called with (inputs, then parameters and buffers), those tensors, its outputs' tree, the artifact's key and
+    the quick key (None without)."""
+
+    graph: Any
+    values: list[Any]
+    tensors: list[Any]
+    spec: Any
+    key: str
+    quick: str | None
 
 
 class RegionCompiler:
@@ -128,7 +183,7 @@ class RegionCompiler:
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
         self._by_workers: set[str] = set()
-        self._probed: set[str] = set()
+        self._probed: dict[str, str] = {}
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -148,30 +203,30 @@ class RegionCompiler:
         return (path is not None and not path.is_file() and not path.with_suffix(".unstored").exists()
                 and not any(n.op == "get_attr" for n in graph.graph.nodes))
 
-    def _artifact(self, graph: Any, values: list[Any], key: str) -> Any:
-        """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``: shared, loaded or compiled."""
+    def _artifact(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
+        """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``, and how it came (a key of
+        :attr:`counts`, counted by the caller once the region runs): shared, loaded or compiled."""
         import torch
 
-        if key in self._built:
-            if key in self._probed:  # compiled (and counted) before its region's turn
-                self._probed.discard(key)
-            else:
-                self._count("shared")
-            return self._built[key]
+        if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
+            return self._built[key], self._probed.pop(key, "shared")
         path = self._path(key)
-        constants = any(n.op == "get_attr" for n in graph.graph.nodes)  # baked into the code: not stored
-        artifact, clock = None, time.perf_counter()
+        # constants are baked into the code: not stored (a graph of None was found stored: it has none)
+        constants = graph is not None and any(n.op == "get_attr" for n in graph.graph.nodes)
+        artifact, how, clock = None, "compiled", time.perf_counter()
         if path is not None and not constants and path.is_file():
             try:
                 artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
-                self._count("compiled_by_workers" if key in self._by_workers else "loaded")
+                how = "compiled_by_workers" if key in self._by_workers else "loaded"
             except Exception as err:  # another torch, a torn file: compile it again
                 log.info("stored region %s not loaded (%s); compiling it", path.name, first_line(err))
             clock = self._lap("load", clock)
         if artifact is None:
+            if graph is None:
+                raise OpBenchError("its stored code could not be loaded")
             with torch.no_grad():
                 artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
-            self._count("compiled")
+            how = "compiled"
             if path is not None and not constants:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # compiled code: ours alone
@@ -182,7 +237,7 @@ class RegionCompiler:
                         path.with_suffix(".unstored").touch()
             self._lap("compile", clock)
         self._built[key] = artifact
-        return artifact
+        return artifact, how
 
     def _precompile(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
         """Compile and store ``todo`` (key -> ATen graph, values) in ``jobs`` worker processes, the largest graphs
@@ -244,19 +299,44 @@ class RegionCompiler:
         log.info("%d of %d region structures compiled by %d workers in %.1f s", len(self._by_workers), len(todo),
                  len(workers), time.perf_counter() - clock)
 
-    def compile_all(self, regions: Sequence[tuple[str, Any, Sequence[Any]]]) -> dict[str, tuple[Any, str | None]]:
-        """Each ``(name, region, inputs)`` compiled and run once on its inputs: name -> (callable, None), or
-        (the region itself, why) when Inductor cannot compile it (see the class docstring)."""
-        traced: dict[str, Any] = {}
-        for name, region, inputs in regions:
-            clock = time.perf_counter()
-            try:
-                graph, tensors, spec = _aten_graph(region, inputs)
-                traced[name] = (graph, [*inputs, *tensors], tensors, spec, _region_key(graph, [*inputs, *tensors]))
-            except Exception as err:  # not traceable to ATen: Dynamo's way
-                log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
+    def _index(self, quick: str | None) -> Any | None:
+        return self.folder / "index" / f"{quick}.json" if quick is not None and self.folder is not None else None
+
+    def _trace(self, name: str, region: Any, inputs: Sequence[Any]) -> _Traced | None:
+        """The region ready for its artifact: found through its quick key when a build stored it, else traced
+        to ATen; None when it cannot be traced (then Dynamo's way)."""
+        import torch
+
+        clock = time.perf_counter()
+        tensors = [v.detach() for _, v in list(region.named_parameters()) + list(region.named_buffers())]
+        values = [*inputs, *tensors]
+        quick = _quick_key(region, values) if self.folder is not None else None
+        index = self._index(quick)
+        try:
+            if index is not None and index.is_file():
+                found = json.loads(index.read_text())
+                if self._path(found["key"]).is_file():
+                    spec = torch.utils._pytree.treespec_loads(found["spec"])
+                    self._lap("trace", clock)
+                    return _Traced(None, values, tensors, spec, found["key"], quick)
+        except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
+            log.info("region %s: index entry not used (%s)", name, first_line(err))
+        try:
+            graph, tensors, spec = _aten_graph(region, inputs)
+            return _Traced(graph, [*inputs, *tensors], tensors, spec, _region_key(graph, [*inputs, *tensors]), quick)
+        except Exception as err:  # not traceable to ATen: Dynamo's way
+            log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
+            return None
+        finally:
             self._lap("trace", clock)
-        todo = {t[4]: (t[0], t[1]) for t in traced.values() if self._worth_a_worker(t[4], t[0])}
+
+    def compile_all(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]]) -> dict[str, tuple[Any, str | None]]:
+        """Each ``(name, region, inputs, outputs)`` (``outputs``: the region's own on ``inputs``) compiled and run
+        once on its inputs: name -> (callable, None), or (the region itself, why) when Inductor cannot compile
+        it (see the class docstring)."""
+        traced = {name: self._trace(name, region, inputs) for name, region, inputs, _ in regions}
+        todo = {t.key: (t.graph, t.values) for t in traced.values()
+                if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
         if self.jobs > 1 and len(todo) >= WORKERS_FROM:
             # a few here first: with Inductor's caches warm a structure compiles here in a fraction of a second,
             # less than a worker takes to start; cold it takes seconds, and workers compile the rest
@@ -264,31 +344,75 @@ class RegionCompiler:
             for key in probes:
                 graph, values = todo.pop(key)
                 with contextlib.suppress(Exception):  # compiled again (and refused) where the region is built
-                    self._artifact(graph, values, key)
-                    self._probed.add(key)
+                    self._probed[key] = self._artifact(graph, values, key)[1]
             if (time.perf_counter() - clock) / len(probes) > COLD_S and len(todo) >= WORKERS_FROM - PROBES:
                 self._precompile(todo)
-        return {name: self._one(name, region, inputs, traced.get(name)) for name, region, inputs in regions}
+        return {name: self._one(name, region, inputs, outputs, traced[name])
+                for name, region, inputs, outputs in regions}
 
-    def _one(self, name: str, region: Any, inputs: Sequence[Any], traced: Any) -> tuple[Any, str | None]:
+    def _one(self, name: str, region: Any, inputs: Sequence[Any], outputs: Any,
+             traced: _Traced | None) -> tuple[Any, str | None]:
         import torch
 
         if traced is not None:
-            graph, values, tensors, spec, key = traced
             try:
-                call = RegionCall(self._artifact(graph, values, key), tensors, spec)
+                artifact, how = self._artifact(traced.graph, traced.values, traced.key)
+                call = RegionCall(artifact, traced.tensors, traced.spec)
                 clock = time.perf_counter()
                 with torch.no_grad():
-                    call(*inputs)
+                    got = call(*inputs)
                 self._lap("run", clock)
+                if traced.graph is None and not _close(got, outputs):  # found by a quick key that misled
+                    raise ValueError("its outputs differ from the region's")
+                self._count(how)
+                self._remember(traced)
                 return call, None
-            except Exception as err:  # not compiled ahead of time by this torch: Dynamo's way
+            except Exception as err:
+                if traced.graph is None:  # found through the quick key: trace it to ATen after all
+                    log.info("region %s: its stored code is not used (%s); tracing it", name, first_line(err))
+                    with contextlib.suppress(OSError):
+                        self._index(traced.quick).unlink()
+                    self._built.pop(traced.key, None)
+                    return self._one(name, region, inputs, outputs, self._trace(name, region, inputs))
                 log.debug("region %s: ahead-of-time compile failed (%s); using torch.compile", name, first_line(err))
         clock = time.perf_counter()
         compiled, why = compile_region(region, inputs, name)
         self._count("aten" if why else "torch.compile")
         self._lap("torch.compile", clock)
         return compiled, why
+
+    def _remember(self, traced: _Traced) -> None:
+        """Point the region's quick key at its stored artifact, for later builds."""
+        import torch
+
+        index = self._index(traced.quick)
+        if traced.graph is None or index is None or not self._path(traced.key).is_file():
+            return
+        with contextlib.suppress(OSError, TypeError, ValueError):  # an output tree without JSON form: no entry
+            entry = {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)}
+            index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with written_whole(index) as part:
+                part.write_text(json.dumps(entry))
+
+
+def _close(got: Any, want: Any) -> bool:
+    """Whether ``got`` has ``want``'s structure and each tensor is within :data:`CLOSE` of it (relative norm)."""
+    import torch
+
+    a, tree_a = torch.utils._pytree.tree_flatten(got)
+    b, tree_b = torch.utils._pytree.tree_flatten(want)
+    if tree_a != tree_b:
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(y, torch.Tensor):
+            if not isinstance(x, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            scale = float(y.double().norm()) or 1.0
+            if float((x.double() - y.double()).norm()) > CLOSE * scale:
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def _specs(values: Sequence[Any]) -> list[Any]:
@@ -428,11 +552,13 @@ class FusedBackend(TorchBackend):
         split = split_module(gm, gm, region_of(ops, cut_ops))
         # each region's inputs, from one eager run of the split graph (the compiler's example inputs)
         seen: dict[str, list[Any]] = {}
+        produced: dict[str, Any] = {}
 
         class Recorder(Interpreter):
             def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
                 seen[target] = list(args)
-                return super().call_module(target, args, kwargs)
+                produced[target] = super().call_module(target, args, kwargs)
+                return produced[target]
 
         with torch.no_grad():
             Recorder(split).run(*inputs)
@@ -440,8 +566,8 @@ class FusedBackend(TorchBackend):
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
         compiler = RegionCompiler(None if store is None else Path(store), compile_jobs(jobs))
-        built = compiler.compile_all([(name, region, seen[name]) for name, region in split.named_children()
-                                      if name in seen])
+        built = compiler.compile_all([(name, region, seen[name], produced[name])
+                                      for name, region in split.named_children() if name in seen])
         for name, (compiled[name], why) in built.items():
             if why is not None:
                 self.fallbacks[name] = why
