@@ -1,0 +1,91 @@
+"""How long a fused build's regions take when their compiled code is stored: a zoo model's ``FusedBackend``
+built in new processes, one after another, on the CPU or the GPU.
+
+1. A first build fills an empty store of compiled regions (``$OPBENCH_CACHE`` of its own under ``--out``).
+2. Then ``--rounds`` pairs of warm builds, alternating: one finds each region's stored code through its quick
+   key (the store's index), the other with the index removed, so that every region is traced to ATen again.
+
+Each build is a new process (as a user's second build is), timed by the build itself: the regions' seconds
+and where they went (``FusedBackend.compile_seconds``). ``OUT/bench_region_build.json`` has every build and
+the medians.
+
+    PYTHONPATH=python python3 scripts/bench_region_build.py --out out --model googlenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def build(name: str, batch: int, device: str, dtype: str) -> dict:
+    """One ``FusedBackend`` of the model in this process: its seconds and how its regions were built."""
+    import time
+
+    import torch
+
+    from opbench.models import get_source
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = get_source("local").torch_model(name, batch, dtype=dtype)
+    model, x = model.to(device).eval(), x.to(device)
+    start = time.perf_counter()
+    fused = FusedBackend(model, [x])
+    return {"build_s": time.perf_counter() - start, "regions_s": fused.compile_s, "regions": len(fused.regions),
+            "built": fused.built, "seconds": fused.compile_seconds}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for bench_region_build.json and the store")
+    parser.add_argument("--model", default="googlenet", help="a zoo model")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", default="cuda", help="cuda or cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--rounds", type=int, default=2, help="pairs of warm builds")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(build(args.model, args.batch, args.device, args.dtype)))
+        return 0
+    out = Path(args.out)
+    store = out / "cache"
+    shutil.rmtree(store, ignore_errors=True)
+    env = dict(os.environ, OPBENCH_CACHE=str(store))
+    cmd = [sys.executable, __file__, "--out", str(out), "--model", args.model, "--batch", str(args.batch),
+           "--device", args.device, "--dtype", args.dtype, "--one"]
+
+    def one(label: str) -> dict:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode:
+            sys.stderr.write(done.stderr[-3000:])
+            raise SystemExit(f"the {label} build failed ({done.returncode})")
+        row = dict(json.loads(done.stdout.strip().splitlines()[-1]), build=label)
+        print(f"{label:>12}: regions {row['regions_s']:.2f} s {row['built']} "
+              f"{ {k: round(v, 2) for k, v in row['seconds'].items()} }", flush=True)
+        return row
+
+    rows = [one("first")]
+    for _ in range(args.rounds):
+        rows.append(one("quick keys"))
+        shutil.rmtree(store / "regions" / "index", ignore_errors=True)
+        rows.append(one("traced"))
+    medians = {label: statistics.median(r["regions_s"] for r in rows if r["build"] == label)
+               for label in ("quick keys", "traced")}
+    doc = {"model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
+           "cores": os.cpu_count(), "builds": rows, "median_regions_s": medians}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_region_build.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"median regions' seconds: {medians}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
