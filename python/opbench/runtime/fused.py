@@ -310,7 +310,11 @@ class RegionCompiler:
         clock = time.perf_counter()
         tensors = [v.detach() for _, v in list(region.named_parameters()) + list(region.named_buffers())]
         values = [*inputs, *tensors]
-        quick = _quick_key(region, values) if self.folder is not None else None
+        try:
+            quick = _quick_key(region, values) if self.folder is not None else None
+        except Exception as err:  # a module whose repr fails, say: no quick key
+            quick = None
+            log.debug("region %s: no quick key (%s)", name, first_line(err))
         index = self._index(quick)
         try:
             if index is not None and index.is_file():
@@ -321,6 +325,7 @@ class RegionCompiler:
                     return _Traced(None, values, tensors, spec, found["key"], quick)
         except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
             log.info("region %s: index entry not used (%s)", name, first_line(err))
+        clock = self._lap("trace", clock)
         try:
             graph, tensors, spec = _aten_graph(region, inputs)
             return _Traced(graph, [*inputs, *tensors], tensors, spec, _region_key(graph, [*inputs, *tensors]), quick)
