@@ -201,9 +201,8 @@ def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
 def region_phases(backend: Any) -> dict[str, float]:
     """A fused backend's regions by how they were built (``regions_loaded``, ...) and where their compile seconds
     went (``regions_time_trace_s``, ...), for a capturer's ``phases``."""
-    counts = {f"regions_{k.replace('.', '_')}": float(v) for k, v in getattr(backend, "built", {}).items()}
-    seconds = getattr(backend, "compile_seconds", {})
-    return counts | {f"regions_time_{k.replace('.', '_')}_s": v for k, v in seconds.items()}
+    counts = {f"regions_{k.replace('.', '_')}": float(v) for k, v in backend.built.items()}
+    return counts | {f"regions_time_{k.replace('.', '_')}_s": v for k, v in backend.compile_seconds.items()}
 
 
 def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:

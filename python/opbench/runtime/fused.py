@@ -64,14 +64,20 @@ class RegionCall:
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
 
-def _aten_graph(region: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any], Any]:
+def _state(region: Any) -> tuple[list[str], list[Any]]:
+    """The names of ``region``'s parameters and buffers, and the tensors (detached), in the order a compiled
+    region takes them after its inputs."""
+    items = list(region.named_parameters()) + list(region.named_buffers())
+    return [k for k, _ in items], [v.detach() for _, v in items]
+
+
+def _aten_graph(region: Any, inputs: Sequence[Any], names: Sequence[str], tensors: Sequence[Any]) -> tuple[Any, Any]:
     """``region`` traced to ATen operators (fake tensors: nothing runs) as a function of its inputs and then its
-    parameters and buffers, returning a flat tuple; with those tensors and the outputs' tree structure."""
+    parameters and buffers (``names``, ``tensors``: :func:`_state`), returning a flat tuple; with the outputs'
+    tree structure."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    items = list(region.named_parameters()) + list(region.named_buffers())
-    names, tensors = [k for k, _ in items], [v.detach() for _, v in items]
     spec: list[Any] = []
 
     def flat(*values: Any) -> tuple[Any, ...]:
@@ -83,7 +89,12 @@ def _aten_graph(region: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any], Any
 
     with torch.no_grad():
         graph = make_fx(flat, tracing_mode="fake")(*inputs, *tensors)
-    return graph, tensors, spec[0]
+    return graph, spec[0]
+
+
+def _has_constants(graph: Any) -> bool:
+    """Whether an ATen graph reads tensors of its own (baked into its compiled code, which is then not stored)."""
+    return any(n.op == "get_attr" for n in graph.graph.nodes)
 
 
 def _region_key(graph: Any, values: Sequence[Any]) -> str:
@@ -201,7 +212,7 @@ class RegionCompiler:
         found unstorable before) and is not stored yet."""
         path = self._path(key)
         return (path is not None and not path.is_file() and not path.with_suffix(".unstored").exists()
-                and not any(n.op == "get_attr" for n in graph.graph.nodes))
+                and not _has_constants(graph))
 
     def _artifact(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
         """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``, and how it came (a key of
@@ -211,8 +222,8 @@ class RegionCompiler:
         if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
             return self._built[key], self._probed.pop(key, "shared")
         path = self._path(key)
-        # constants are baked into the code: not stored (a graph of None was found stored: it has none)
-        constants = graph is not None and any(n.op == "get_attr" for n in graph.graph.nodes)
+        # a graph of None was found stored: it has no constants
+        constants = graph is not None and _has_constants(graph)
         artifact, how, clock = None, "compiled", time.perf_counter()
         if path is not None and not constants and path.is_file():
             try:
@@ -308,7 +319,7 @@ class RegionCompiler:
         import torch
 
         clock = time.perf_counter()
-        tensors = [v.detach() for _, v in list(region.named_parameters()) + list(region.named_buffers())]
+        names, tensors = _state(region)
         values = [*inputs, *tensors]
         try:
             quick = _quick_key(region, values) if self.folder is not None else None
@@ -327,8 +338,8 @@ class RegionCompiler:
             log.info("region %s: index entry not used (%s)", name, first_line(err))
         clock = self._lap("trace", clock)
         try:
-            graph, tensors, spec = _aten_graph(region, inputs)
-            return _Traced(graph, [*inputs, *tensors], tensors, spec, _region_key(graph, [*inputs, *tensors]), quick)
+            graph, spec = _aten_graph(region, inputs, names, tensors)
+            return _Traced(graph, values, tensors, spec, _region_key(graph, values), quick)
         except Exception as err:  # not traceable to ATen: Dynamo's way
             log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
             return None

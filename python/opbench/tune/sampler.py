@@ -217,13 +217,16 @@ def _replay(mod: Any, trace: Any, postprocs: list[Any], seed: int, outcomes: dic
     there is not post-processed again (None and its outcome, ``duplicate`` for one that was kept)."""
     from tvm import s_tir
 
+    def outcome(sch: Any, reason: str) -> tuple[Any, str]:
+        if outcomes is not None and key is not None:
+            outcomes[key] = reason
+        return (None, reason) if reason else (sch, "")
+
     try:
         sch = s_tir.Schedule(mod, seed=seed, debug_mask=0)
         trace.apply_to_schedule(sch, remove_postproc=True)
     except Exception:  # a decision the program cannot take
-        if outcomes is not None and key is not None:
-            outcomes[key] = REPLAY_ERROR
-        return None, REPLAY_ERROR
+        return outcome(None, REPLAY_ERROR)
     if outcomes is not None and key is None:
         key = _key(sketch, sch.trace)  # the decisions drawn
         if key in outcomes:
@@ -231,21 +234,15 @@ def _replay(mod: Any, trace: Any, postprocs: list[Any], seed: int, outcomes: dic
     try:
         sch.enter_postproc()
     except Exception:
-        if outcomes is not None:
-            outcomes[key] = REPLAY_ERROR
-        return None, REPLAY_ERROR
-    reason = ""
+        return outcome(None, REPLAY_ERROR)
     for postproc in postprocs:
         try:
             ok = postproc.apply(sch)
         except Exception:
             ok = False
         if not ok:
-            reason = type(postproc).__name__
-            break
-    if outcomes is not None and key is not None:
-        outcomes[key] = reason
-    return (None, reason) if reason else (sch, "")
+            return outcome(None, type(postproc).__name__)
+    return outcome(sch, "")
 
 
 def _key(sketch: int, trace: Any) -> str:
