@@ -119,6 +119,13 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert set(first.built) == {"compiled", "shared"} and first.built["shared"] >= 1
     stored = sorted(tmp_path.glob("*.bin"))
     assert len(stored) == first.built["compiled"]
+    # while building, each structure ran once: a region sharing code that an earlier region ran is not run
+    ran = []
+    with monkeypatch.context() as patched:
+        call = fused.RegionCall.__call__
+        patched.setattr(fused.RegionCall, "__call__", lambda self, *a: ran.append(self.artifact) or call(self, *a))
+        assert FusedBackend(model, [x], store=None).built == first.built
+    assert len(ran) == len({id(a) for a in ran}) == first.built["compiled"] < n
     second = built(tmp_path)  # a new build: every structure loaded from the folder, nothing compiled
     assert second.built == {"loaded": first.built["compiled"], "shared": first.built["shared"]}
     # ... and found through each region's quick key: nothing traced to ATen
@@ -127,7 +134,7 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
         assert built(tmp_path).built == second.built
     # an index entry that points at another structure's code is caught by the outputs' check, and traced again
     entries = sorted((tmp_path / "index").glob("*.json"))
-    assert len(entries) == n
+    assert len(entries) == first.built["compiled"]  # regions of one structure share their quick key
     right = {e: json.loads(e.read_text())["key"] for e in entries}
     for entry, key in right.items():
         entry.write_text(json.dumps(dict(json.loads(entry.read_text()),
@@ -159,6 +166,40 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
 
 
 @pytest.mark.slow
+class Pair(torch.nn.Module):
+    """Two 1x1 convolutions in a row, named ``names`` (one convolution twice when the names are equal)."""
+
+    def __init__(self, names: tuple[str, str] = ("a", "b")) -> None:
+        super().__init__()
+        self.names = names
+        for name in names:
+            setattr(self, name, torch.nn.Conv2d(4, 4, 1))
+
+    def forward(self, x):
+        first, second = (getattr(self, n) for n in self.names)
+        return second(torch.relu(first(x)))
+
+
+def test_a_quick_key_sees_a_region_s_structure_and_not_its_names():
+    from opbench.runtime.fused import _quick_key, _state
+
+    def key(module, x=None):
+        graph = torch.fx.symbolic_trace(module)
+        return _quick_key(graph, [torch.randn(1, 4, 5, 5) if x is None else x, *_state(graph)[1]])
+
+    assert key(Pair()) == key(Pair(("p", "q")))  # other weights, other names: one structure, one key
+    assert key(Pair(("a", "a"))) != key(Pair())  # one convolution twice
+    assert key(Pair(), torch.randn(2, 4, 5, 5)) != key(Pair())  # another input shape
+    pair = Pair()
+    pair.b.weight.data = pair.b.weight.data.half()
+    assert key(pair) != key(Pair())  # another dtype of a parameter
+    pair = Pair()
+    pair.b.extra = 3  # a setting its repr does not show
+    assert key(pair) != key(Pair())
+    pair.b.register_forward_hook(lambda *a: None)
+    assert key(pair) is None  # hooks are code that no key sees: the region is traced to ATen
+
+
 def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path, monkeypatch):
     from opbench import capturer, optimize
     from opbench.schedule import Schedule

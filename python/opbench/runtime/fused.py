@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -130,25 +131,61 @@ def _device_name(values: Sequence[Any]) -> str:
 _LIBRARY_FUNCTIONS = ("torch", "_operator", "operator", "math", "builtins", "_functools", "functools")
 
 
-def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
-    """A key of a region as traced by ``torch.fx`` (its code, its modules' types, settings and modes, its inputs',
-    parameters' and buffers' metadata), computed without tracing it to ATen; None for a region that calls a
-    function outside torch and the standard library. A later build finds through it the stored artifact of the
-    region's ATen graph (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's."""
+#: plain settings of a module that its key includes besides its ``repr`` (which may leave some out)
+_SETTINGS = (bool, int, float, str, tuple, type(None))
+
+
+def _module_key(module: Any) -> list[Any]:
+    """A module as a quick key sees it: for it and each of its submodules (by relative name), its type, mode and
+    plain settings (``vars`` of bool, int, float, str, tuple or None; tensors are values of the region), then
+    its ``repr``."""
     import torch
+
+    return [[name, f"{type(m).__module__}.{type(m).__qualname__}", m.training,
+             sorted((k, repr(v)) for k, v in vars(m).items()
+                    if not k.startswith("_") and isinstance(v, (*_SETTINGS, torch.dtype, torch.device)))]
+            for name, m in module.named_modules()] + [repr(module)]
+
+
+def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
+    """A key of a region as traced by ``torch.fx``, computed without tracing it to ATen: its nodes in order, each
+    with its operation, its target (a module by :func:`_module_key`, not by name, so that regions of one structure
+    share a key; a function by its qualified name) and its arguments (earlier nodes by position), and the metadata
+    of its inputs, parameters and buffers. None for a region that calls a function outside torch and the standard
+    library. A later build finds through it the stored artifact of the region's ATen graph
+    (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's, once for each key
+    and build."""
+    import torch
+    from torch.fx.node import map_arg
 
     from ..utils import digest
 
-    modules = []
+    position = {node: i for i, node in enumerate(region.graph.nodes)}
+    # where each parameter and buffer comes among the compiled region's arguments (:func:`_state`'s order)
+    state = {id(t): i for i, t in enumerate([*region.parameters(), *region.buffers()])}
+    nodes = []
     for node in region.graph.nodes:
         if node.op == "call_module":
-            m = region.get_submodule(node.target)
-            modules.append([node.target, f"{type(m).__module__}.{type(m).__qualname__}", repr(m), m.training])
-        elif node.op == "call_function" and not str(getattr(node.target, "__module__", None) or "").startswith(
-                _LIBRARY_FUNCTIONS):
-            return None
-    return digest({"code": region.code, "modules": modules, "values": [_meta(x) for x in values],
-                   "device": _device_name(values), "torch": torch.__version__, "format": REGION_FORMAT})
+            module = region.get_submodule(node.target)
+            if any(m._forward_hooks or m._forward_pre_hooks for m in module.modules()):
+                return None  # hooks are code of the user's too
+            target: Any = [_module_key(module), [state[id(t)] for t in (*module.parameters(), *module.buffers())]]
+        elif node.op == "get_attr":  # a parameter or buffer; another tensor is a constant, whose value no key sees
+            value = functools.reduce(getattr, node.target.split("."), region)
+            if id(value) not in state:
+                return None
+            target = state[id(value)]
+        elif node.op == "call_function":
+            where = str(getattr(node.target, "__module__", None) or "")
+            if not where.startswith(_LIBRARY_FUNCTIONS):
+                return None
+            target = f"{where}.{getattr(node.target, '__qualname__', getattr(node.target, '__name__', node.target))}"
+        else:  # placeholder (by position), call_method (a method's name), output
+            target = node.target if node.op == "call_method" else None
+        arguments = map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
+        nodes.append([node.op, target, repr(arguments)])
+    return digest({"nodes": nodes, "values": [_meta(x) for x in values], "device": _device_name(values),
+                   "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2})
 
 
 @dataclasses.dataclass
@@ -185,7 +222,8 @@ class RegionCompiler:
         ``aten``.
     seconds:
         Where the time went: ``trace`` (to ATen), ``workers`` (their compiles, wall), ``compile`` and ``load``
-        (the artifacts), ``run`` (each region once), ``torch.compile`` (regions that went that way).
+        (the artifacts), ``run`` (each region once, but once for each structure and quick key: a region
+        sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
 
     def __init__(self, folder: Any | None, jobs: int = 1) -> None:
@@ -195,6 +233,7 @@ class RegionCompiler:
         self._built: dict[str, Any] = {}
         self._by_workers: set[str] = set()
         self._probed: dict[str, str] = {}
+        self._checked: set[tuple[str, str | None]] = set()
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -374,12 +413,17 @@ class RegionCompiler:
             try:
                 artifact, how = self._artifact(traced.graph, traced.values, traced.key)
                 call = RegionCall(artifact, traced.tensors, traced.spec)
-                clock = time.perf_counter()
-                with torch.no_grad():
-                    got = call(*inputs)
-                self._lap("run", clock)
-                if traced.graph is None and not _close(got, outputs):  # found by a quick key that misled
-                    raise ValueError("its outputs differ from the region's")
+                # what an earlier region of this build ran and checked needs no run: the same code on values
+                # of the same metadata (a quick key's link to its artifact is checked once for each quick key)
+                checked = (traced.key, traced.quick if traced.graph is None else None)
+                if checked not in self._checked:
+                    clock = time.perf_counter()
+                    with torch.no_grad():
+                        got = call(*inputs)
+                    self._lap("run", clock)
+                    if traced.graph is None and not _close(got, outputs):  # found by a quick key that misled
+                        raise ValueError("its outputs differ from the region's")
+                    self._checked.add(checked)
                 self._count(how)
                 self._remember(traced)
                 return call, None
