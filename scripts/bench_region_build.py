@@ -20,6 +20,8 @@ the medians.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -42,10 +44,7 @@ def build(name: str, batch: int, device: str, dtype: str) -> dict:
     model, x = model.to(device).eval(), x.to(device)
     start = time.perf_counter()
     fused = FusedBackend(model, [x])
-    import importlib.util
-    import inspect
-
-    import torch._inductor.codecache
+    import torch._inductor.codecache  # imported by the build: its compiled bytecode, if any, is beside it
 
     source = inspect.getfile(torch._inductor.codecache)
     return {"build_s": time.perf_counter() - start, "regions_s": fused.compile_s, "regions": len(fused.regions),
@@ -105,8 +104,10 @@ def main() -> int:
                    for key in ("regions_s", "build_s", "process_s")}
         doc = {"model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
                "cores": os.cpu_count(), "builds": rows, **medians}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_region_build.json").write_text(json.dumps(doc, indent=1) + "\n")
+        from opbench.utils import written_whole
+
+        with written_whole(out / "bench_region_build.json") as part:
+            part.write_text(json.dumps(doc, indent=1) + "\n")
 
     keep(one("first"))
     if args.bytecode_cache:
