@@ -165,7 +165,6 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
-@pytest.mark.slow
 class Pair(torch.nn.Module):
     """Two 1x1 convolutions in a row, named ``names`` (one convolution twice when the names are equal)."""
 
@@ -200,6 +199,7 @@ def test_a_quick_key_sees_a_region_s_structure_and_not_its_names():
     assert key(pair) is None  # hooks are code that no key sees: the region is traced to ATen
 
 
+@pytest.mark.slow
 def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_path, monkeypatch):
     from opbench import capturer, optimize
     from opbench.schedule import Schedule
