@@ -255,7 +255,7 @@ class RegionCompiler:
 
     def _artifact(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
         """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``, and how it came (a key of
-        :attr:`counts`, counted by the caller once the region runs): shared, loaded or compiled."""
+        :attr:`counts`, counted by the caller once the region is built): shared, loaded or compiled."""
         import torch
 
         if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
@@ -386,9 +386,9 @@ class RegionCompiler:
             self._lap("trace", clock)
 
     def compile_all(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]]) -> dict[str, tuple[Any, str | None]]:
-        """Each ``(name, region, inputs, outputs)`` (``outputs``: the region's own on ``inputs``) compiled and run
-        once on its inputs: name -> (callable, None), or (the region itself, why) when Inductor cannot compile
-        it (see the class docstring)."""
+        """Each ``(name, region, inputs, outputs)`` (``outputs``: the region's own on ``inputs``) compiled, the code
+        of each structure (and quick key) run once on its region's inputs: name -> (callable, None), or (the
+        region itself, why) when Inductor cannot compile it (see the class docstring)."""
         traced = {name: self._trace(name, region, inputs) for name, region, inputs, _ in regions}
         todo = {t.key: (t.graph, t.values) for t in traced.values()
                 if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
