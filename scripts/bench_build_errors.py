@@ -43,6 +43,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", help="the candidates' dtype (float16, bfloat16, float32)")
     parser.add_argument("--count", type=int, default=10, help="candidates of each kind")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scan", type=int, default=0,
+                        help="also generate the CUDA source (no compile) of this many candidates that built and "
+                             "of a quarter as many int64x8 ones, of every dtype, and count what "
+                             "known_compile_error finds")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     import tvm
@@ -132,11 +136,21 @@ def main() -> None:
                                     ("callback", "with_header", "plain")},
                          "median_stored_build_s": round(statistics.median(r["stored_build_s"] or 0 for r in mine), 3)}
         print(kind, summary[kind], flush=True)
+    scan = {}
+    if args.scan:  # does the check before compiling find every int64x8 candidate, and nothing in the others?
+        every = records.read_rows(args.records)
+        for kind, count in (("ok", args.scan), ("int64x8", max(1, args.scan // 4))):
+            pool = [r for r in every if kind_of(r) == kind and r["workload_id"] in tasks]
+            for row in rng.sample(pool, min(count, len(pool))):
+                found = measure.known_compile_error(cuda_source(row)[0]) is not None
+                key = f"{kind} {row['dtype']} {'found' if found else 'not found'}"
+                scan[key] = scan.get(key, 0) + 1
+        print("scan:", scan, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_build_errors.json").write_text(json.dumps(
         {"records": args.records, "dtype": args.dtype, "count": args.count, "seed": args.seed,
-         "tvm": tvm.__version__, "summary": summary, "candidates": results}, indent=1))
+         "tvm": tvm.__version__, "summary": summary, "scan": scan, "candidates": results}, indent=1))
 
 
 if __name__ == "__main__":
