@@ -40,7 +40,8 @@ def kind_of(row: dict) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", default="data/dataset")
-    parser.add_argument("--dtype", default="bfloat16", help="the candidates' dtype (float16, bfloat16, float32)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"],
+                        help="the candidates' dtype")
     parser.add_argument("--count", type=int, default=10, help="candidates of each kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scan", type=int, default=0,
@@ -49,6 +50,10 @@ def main() -> None:
                              "known_compile_error finds")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if not (Path(args.records) / "manifest.json").is_file():
+        parser.error(f"--records {args.records}: not a records folder (it has no manifest.json)")
+    if args.count < 1 or args.scan < 0:
+        parser.error("--count must be at least 1 and --scan at least 0")
     import tvm
     import tvm_ffi
     from tvm.s_tir import Schedule
