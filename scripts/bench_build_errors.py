@@ -30,8 +30,10 @@ KINDS = ("int64x8", "nvrtc", "timeout", "ok")
 
 def kind_of(row: dict) -> str | None:
     error = row.get("error") or ""
-    if row.get("build_status") in ("ok", "build_timeout"):
-        return {"ok": "ok", "build_timeout": "timeout"}[row["build_status"]]
+    if row.get("build_status") == "ok":
+        return "ok"
+    if row.get("build_status") == "build_timeout":
+        return "timeout"
     if "NVRTC compilation failed" in error:
         return "int64x8" if "too many arguments in function call" in error else "nvrtc"
     return None
@@ -65,7 +67,8 @@ def main() -> None:
     from opbench.tune import measure
 
     import_tensor_intrinsics()
-    rows = [r for r in records.read_rows(args.records) if r.get("dtype") == args.dtype]
+    every = records.read_rows(args.records)
+    rows = [r for r in every if r.get("dtype") == args.dtype]
     tasks = {t["workload_id"]: t for t in records.read_rows(args.records, "tasks")}
     rng = random.Random(args.seed)
     chosen = {}
@@ -143,7 +146,6 @@ def main() -> None:
         print(kind, summary[kind], flush=True)
     scan = {}
     if args.scan:  # does the check before compiling find every int64x8 candidate, and nothing in the others?
-        every = records.read_rows(args.records)
         for kind, count in (("ok", args.scan), ("int64x8", max(1, args.scan // 4))):
             pool = [r for r in every if kind_of(r) == kind and r["workload_id"] in tasks]
             for row in rng.sample(pool, min(count, len(pool))):

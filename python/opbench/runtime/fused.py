@@ -65,10 +65,15 @@ class RegionCall:
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
 
+def _state_items(region: Any) -> list[tuple[str, Any]]:
+    """``region``'s parameters and buffers by name, in the order a compiled region takes them after its inputs."""
+    return list(region.named_parameters()) + list(region.named_buffers())
+
+
 def _state(region: Any) -> tuple[list[str], list[Any]]:
-    """The names of ``region``'s parameters and buffers, and the tensors (detached), in the order a compiled
-    region takes them after its inputs."""
-    items = list(region.named_parameters()) + list(region.named_buffers())
+    """The names of ``region``'s parameters and buffers, and the tensors (detached), in :func:`_state_items`'s
+    order."""
+    items = _state_items(region)
     return [k for k, _ in items], [v.detach() for _, v in items]
 
 
@@ -161,8 +166,8 @@ def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
     from ..utils import digest
 
     position = {node: i for i, node in enumerate(region.graph.nodes)}
-    # where each parameter and buffer comes among the compiled region's arguments (:func:`_state`'s order)
-    state = {id(t): i for i, t in enumerate([*region.parameters(), *region.buffers()])}
+    # where each parameter and buffer comes among the compiled region's arguments
+    state = {id(t): i for i, (_, t) in enumerate(_state_items(region))}
     nodes = []
     for node in region.graph.nodes:
         if node.op == "call_module":
