@@ -13,12 +13,16 @@ a fraction of the space:
 ``records-NNNNN.parquet``
     One row per candidate: every column of ``trials`` except ``trace`` (kept as ``sketch_id`` plus the
     candidate's ``decisions``) and ``knobs`` (decoded from the trace again on load); each file at most
-    ``max_file_bytes`` (8 MiB by default).
+    ``max_file_bytes`` (8 MiB by default). ``latency_median_s`` and ``spread`` are functions of
+    ``run_secs`` (its median, and its (max - min) / median) for every sampled candidate: a file leaves them
+    out when every one of its rows equals what :func:`derived` computes, and they are computed again on
+    load; a file with a row that differs keeps both columns as measured.
 ``manifest.json``
     The format, the counts, and each file's rows and SHA-256 (a file that does not match is refused).
 
-Parquet with zstd compression and dictionary-encoded columns: columns that repeat (environment, task
-keys, status) cost next to nothing. :func:`pack` writes a folder from a dataset (the whole folder again,
+Parquet with zstd compression: columns that repeat (environment, task keys, status) cost next to nothing,
+and floating-point columns are written byte-stream-split (the bytes of each position together), which zstd
+compresses better; both lossless. :func:`pack` writes a folder from a dataset (the whole folder again,
 each file through a partial file renamed when whole), :func:`read` gives a table back as a DataFrame with
 each ``trace`` rebuilt, and :func:`unpack` puts the rows into a SQLite dataset (rows it already holds are
 kept), so that sampling resumes from a shipped folder. Only Parquet and JSON are read: no data file
@@ -30,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +61,19 @@ def timer_of(config: str | None) -> str:
     return parts[2] if len(parts) > 2 and parts[0] == "sample" else TIMERS[0]
 
 
-FORMAT = "opbench-records/1"
+#: the format :func:`pack` writes (2: derived columns left out where they can be computed again) and those
+#: :func:`manifest` reads
+FORMAT = "opbench-records/2"
+FORMATS = ("opbench-records/1", FORMAT)
 MANIFEST = "manifest.json"
 MAX_FILE_BYTES = 8 * 1024 * 1024
+#: a Parquet data page (zstd compresses each page alone: large pages let it find the repeats across rows)
+PAGE_BYTES = 64 * 1024 * 1024
 #: the trials columns a record file leaves out (rebuilt on load) and those it stores as lists of floats
 DROPPED = ("trace", "knobs")
 FLOAT_LISTS = ("run_secs", "audit_secs")
+#: the columns a records file may leave out because :func:`derived` computes them from ``run_secs``
+DERIVED = ("latency_median_s", "spread")
 RECORD_COLUMNS = [c for c, _ in TRIAL_COLUMNS if c not in DROPPED] + ["sketch_id", "decisions"]
 
 
@@ -88,6 +100,25 @@ def join_trace(insts: str, decisions: str) -> str:
     return f"[{insts},{decisions}]"
 
 
+def derived(run_secs: list[float] | None) -> dict[str, float | None]:
+    """``latency_median_s`` and ``spread`` of a candidate's samples, as ``opbench sample`` computes them:
+    the median, and (max - min) / median (None for a zero median); both None without samples."""
+    if not run_secs:
+        return {"latency_median_s": None, "spread": None}
+    median = statistics.median(run_secs)
+    return {"latency_median_s": median, "spread": (max(run_secs) - min(run_secs)) / median if median > 0 else None}
+
+
+def _samples(row: dict[str, Any]) -> list[float] | None:
+    value = row.get("run_secs")
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _derivable(rows: list[dict[str, Any]]) -> bool:
+    """True when every row's :data:`DERIVED` columns equal what :func:`derived` computes from its samples."""
+    return all(all(row.get(name) == value for name, value in derived(_samples(row)).items()) for row in rows)
+
+
 def _schema(columns: list[tuple[str, str]]) -> Any:
     pa, _ = _arrow()
     types = {"TEXT": pa.string(), "INTEGER": pa.int64(), "REAL": pa.float64(), "JSON": pa.string(),
@@ -112,9 +143,12 @@ def _write(rows: list[dict[str, Any]], columns: list[tuple[str, str]], path: Pat
             values = [None if v is None else (json.loads(v) if isinstance(v, str) else list(v)) for v in values]
         data[name] = pa.array(values, type=schema.field(name).type)
     partial = path.with_name(f".{path.name}.partial")
-    try:
+    floats = [f"{name}.list.element" if name in FLOAT_LISTS else name for name, kind in columns
+              if kind == "REAL" or name in FLOAT_LISTS]
+    try:  # no dictionaries: zstd alone stores the repeating columns as small, the unique ones smaller
         pq.write_table(pa.Table.from_pydict(data, schema=schema), partial, compression="zstd",
-                       compression_level=9)
+                       compression_level=9, use_dictionary=False, use_byte_stream_split=floats or False,
+                       data_page_size=PAGE_BYTES)
         os.replace(partial, path)
     except OSError as err:
         partial.unlink(missing_ok=True)
@@ -152,7 +186,8 @@ def pack(dataset_path: str | Path, folder: str | Path, max_file_bytes: int = MAX
     while start < len(records):
         name = f"records-{len(files) - 2:05d}.parquet"
         chunk = records[start:start + per_file]
-        _write(chunk, _record_types(), out / name)
+        keep = not _derivable(chunk)
+        _write(chunk, [(c, k) for c, k in _record_types() if keep or c not in DERIVED], out / name)
         size = (out / name).stat().st_size
         if size > max_file_bytes and len(chunk) > 1:  # too big: fewer rows per file, from this chunk on
             per_file = max(1, int(len(chunk) * max_file_bytes / size * 0.9))
@@ -178,8 +213,9 @@ def manifest(folder: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise OpBenchError(f"{str(folder)!r} is not a records folder (no {MANIFEST})")
     meta = read_json(path, what="records manifest")
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), list):
-        raise OpBenchError(f"{str(path)!r} is not a records manifest of format {FORMAT}")
+    if not isinstance(meta, dict) or meta.get("format") not in FORMATS or not isinstance(meta.get("files"), list):
+        raise OpBenchError(f"{str(path)!r} is not a records manifest of a format this version reads "
+                           f"(accepted: {', '.join(FORMATS)})")
     for entry in meta["files"]:
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or "/" in name or name.startswith("."):
@@ -212,6 +248,8 @@ def read_rows(folder: str | Path, table: str = "trials") -> list[dict[str, Any]]
             continue
         for row in _rows(base, entry["name"]):
             row["trace"] = join_trace(insts[row.pop("sketch_id")], row.pop("decisions"))
+            if DERIVED[0] not in row:  # a file that left them out: every row's are its samples'
+                row.update(derived(row["run_secs"]))
             for name in FLOAT_LISTS:
                 if row[name] is not None:
                     row[name] = json.dumps(row[name])
@@ -254,5 +292,5 @@ def unpack(folder: str | Path, dataset_path: str | Path) -> dict[str, int]:
     return added
 
 
-__all__ = ["FORMAT", "MAX_FILE_BYTES", "join_trace", "manifest", "pack", "read", "read_rows", "split_trace",
-           "unpack"]
+__all__ = ["FORMAT", "FORMATS", "MAX_FILE_BYTES", "derived", "join_trace", "manifest", "pack", "read", "read_rows",
+           "split_trace", "unpack"]
