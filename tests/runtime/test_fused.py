@@ -165,6 +165,29 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
+def test_regions_of_one_structure_write_and_read_their_shared_index_entry_once_per_build(tmp_path, monkeypatch):
+    """The two blocks' 1x1 branches share a quick key: a cold build writes its entry once, a later one reads it
+    once, and both builds give the model's outputs."""
+    import pathlib
+
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
+    writes, reads = [], []
+    written_whole = fused.written_whole
+    monkeypatch.setattr(fused, "written_whole", lambda path: writes.append(path) or written_whole(path))
+    cold = FusedBackend(model, [x], store=tmp_path)
+    entries = sorted((tmp_path / "index").glob("*.json"))
+    assert cold.built["shared"] >= 1 and sorted(w for w in writes if w.parent.name == "index") == entries
+    read_text = pathlib.Path.read_text
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: reads.append(self) or read_text(self, *a, **k))
+    warm = FusedBackend(model, [x], store=tmp_path)
+    assert warm.built == {"loaded": cold.built["compiled"], "shared": cold.built["shared"]}
+    assert sorted(r for r in reads if r.parent.name == "index") == entries  # each entry read once
+
+
 class Pair(torch.nn.Module):
     """Two 1x1 convolutions in a row, named ``names`` (one convolution twice when the names are equal)."""
 

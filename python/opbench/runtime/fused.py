@@ -239,6 +239,9 @@ class RegionCompiler:
         self._by_workers: set[str] = set()
         self._probed: dict[str, str] = {}
         self._checked: set[tuple[str, str | None]] = set()
+        # quick key -> (artifact key, output spec) of its index entry, None without one: read once per build
+        self._entries: dict[str, tuple[str, Any] | None] = {}
+        self._remembered: set[str] = set()  # quick keys whose entry this build wrote
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -357,10 +360,28 @@ class RegionCompiler:
     def _index(self, quick: str | None) -> Any | None:
         return self.folder / "index" / f"{quick}.json" if quick is not None and self.folder is not None else None
 
+    def _entry(self, name: str, quick: str | None) -> tuple[str, Any] | None:
+        """The stored artifact's key and output spec that ``quick``'s index entry points at (None without a
+        usable entry); regions of one structure share it, so it is read once per build."""
+        import torch
+
+        index = self._index(quick)
+        if index is None:
+            return None
+        if quick not in self._entries:
+            self._entries[quick] = None
+            try:
+                if index.is_file():
+                    found = json.loads(index.read_text())
+                    if self._path(found["key"]).is_file():
+                        self._entries[quick] = (found["key"], torch.utils._pytree.treespec_loads(found["spec"]))
+            except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
+                log.info("region %s: index entry not used (%s)", name, first_line(err))
+        return self._entries[quick]
+
     def _trace(self, name: str, region: Any, inputs: Sequence[Any]) -> _Traced | None:
         """The region ready for its artifact: found through its quick key when a build stored it, else traced
         to ATen; None when it cannot be traced (then Dynamo's way)."""
-        import torch
 
         clock = time.perf_counter()
         names, tensors = _state(region)
@@ -370,16 +391,10 @@ class RegionCompiler:
         except Exception as err:  # a module whose repr fails, say: no quick key
             quick = None
             log.debug("region %s: no quick key (%s)", name, first_line(err))
-        index = self._index(quick)
-        try:
-            if index is not None and index.is_file():
-                found = json.loads(index.read_text())
-                if self._path(found["key"]).is_file():
-                    spec = torch.utils._pytree.treespec_loads(found["spec"])
-                    self._lap("trace", clock)
-                    return _Traced(None, values, tensors, spec, found["key"], quick)
-        except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
-            log.info("region %s: index entry not used (%s)", name, first_line(err))
+        found = self._entry(name, quick)
+        if found is not None:
+            self._lap("trace", clock)
+            return _Traced(None, values, tensors, found[1], found[0], quick)
         clock = self._lap("trace", clock)
         try:
             graph, spec = _aten_graph(region, inputs, names, tensors)
@@ -435,8 +450,10 @@ class RegionCompiler:
             except Exception as err:
                 if traced.graph is None:  # found through the quick key: trace it to ATen after all
                     log.info("region %s: its stored code is not used (%s); tracing it", name, first_line(err))
-                    with contextlib.suppress(OSError):
-                        self._index(traced.quick).unlink()
+                    if traced.quick not in self._remembered:  # not yet written right by a region before
+                        with contextlib.suppress(OSError):
+                            self._index(traced.quick).unlink()
+                    self._entries[traced.quick] = None
                     self._built.pop(traced.key, None)
                     return self._one(name, region, inputs, outputs, self._trace(name, region, inputs))
                 log.debug("region %s: ahead-of-time compile failed (%s); using torch.compile", name, first_line(err))
@@ -451,8 +468,10 @@ class RegionCompiler:
         import torch
 
         index = self._index(traced.quick)
-        if traced.graph is None or index is None or not self._path(traced.key).is_file():
-            return
+        if traced.graph is None or index is None or traced.quick in self._remembered \
+                or not self._path(traced.key).is_file():
+            return  # found through its entry, no quick key, written already by this build, or not stored
+        self._remembered.add(traced.quick)
         with contextlib.suppress(OSError, TypeError, ValueError):  # an output tree without JSON form: no entry
             entry = {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)}
             index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
