@@ -54,6 +54,9 @@ PLAN: list[dict] = [
     {"source": "local", "models": ["all"], "dtypes": ["bfloat16"], "batch_sizes": [8], "timer": "graph"},
     {"source": "transformers", "models": ["all"], "dtypes": ["bfloat16"], "batch_sizes": [8], "timer": "graph"},
 ]
+#: the second pass (jobs 13-25): the same jobs, each task extended from 16 to 32 candidates (the sampler is
+#: prefix-stable: a task's first 16 are the stored ones, neither built nor measured again)
+PLAN += [{**job, "per_task": 32} for job in PLAN]
 COMMON = {"target": "cuda", "per_task": 16, "seed": 0, "audit": 0.02, "timer": "evaluator"}
 
 
@@ -77,10 +80,12 @@ def prepare(dataset: Path, records: Path) -> dict | None:
     return added
 
 
-def job_config(index: int, dataset: Path, per_task: int, devices: list[int] | None = None, builders: int = 0,
-               tasks_only: str | None = None) -> dict:
-    """Job ``index`` of :data:`PLAN` as a ``SampleJob`` (JSON fields)."""
-    job = {**COMMON, **PLAN[index], "per_task": per_task, "dataset": str(dataset), "builders": builders}
+def job_config(index: int, dataset: Path, per_task: int | None = None, devices: list[int] | None = None,
+               builders: int = 0, tasks_only: str | None = None) -> dict:
+    """Job ``index`` of :data:`PLAN` as a ``SampleJob`` (JSON fields); ``per_task`` replaces the job's own."""
+    job = {**COMMON, **PLAN[index], "dataset": str(dataset), "builders": builders}
+    if per_task is not None:
+        job["per_task"] = per_task
     if devices:
         job["devices"] = devices
     if tasks_only:
@@ -110,7 +115,8 @@ def main() -> int:
     parser.add_argument("--records", default="data/dataset", help="the records folder to resume from")
     parser.add_argument("--dataset", default="/tmp/opbench-records/records.sqlite", help="the working dataset")
     parser.add_argument("--budget", type=float, default=520.0, help="seconds of sampling in this invocation")
-    parser.add_argument("--per-task", type=int, default=COMMON["per_task"])
+    parser.add_argument("--per-task", type=int, default=None,
+                        help="candidates per task for every job run (default: each job's own, 16 or 32)")
     parser.add_argument("--jobs", default=None, help="indices of PLAN to run, comma-separated (default: all)")
     parser.add_argument("--devices", default=None, help="GPU indices measuring, comma-separated (default: one GPU)")
     parser.add_argument("--builders", type=int, default=0, help="building processes (default 0: every core not "
