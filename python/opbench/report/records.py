@@ -175,7 +175,7 @@ def learning_curve(data: RecordsData, path: Path) -> str:
     if ceiling:
         ax.axhline(ceiling, color="grey", lw=0.8, ls="--", label=f"pairwise ceiling of the noise ({ceiling:.3f})")
     _log_axes(ax, "x")
-    ax.set_xticks(x, [f"{n:,}" for n in x])
+    ax.set_xticks(x, [f"{n:,}" if n < 10_000 else f"{n / 1000:.0f}k" for n in x])  # short: close points fit
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("records trained on (per fold)")
     ax.set_ylabel("held-out score")
