@@ -109,14 +109,10 @@ def derived(run_secs: list[float] | None) -> dict[str, float | None]:
     return {"latency_median_s": median, "spread": (max(run_secs) - min(run_secs)) / median if median > 0 else None}
 
 
-def _samples(row: dict[str, Any]) -> list[float] | None:
-    value = row.get("run_secs")
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def _derivable(rows: list[dict[str, Any]]) -> bool:
-    """True when every row's :data:`DERIVED` columns equal what :func:`derived` computes from its samples."""
-    return all(all(row.get(name) == value for name, value in derived(_samples(row)).items()) for row in rows)
+    """True when every row's :data:`DERIVED` columns equal what :func:`derived` computes from its samples
+    (``run_secs`` as a list)."""
+    return all(all(row.get(name) == value for name, value in derived(row.get("run_secs")).items()) for row in rows)
 
 
 def _schema(columns: list[tuple[str, str]]) -> Any:
@@ -171,6 +167,9 @@ def pack(dataset_path: str | Path, folder: str | Path, max_file_bytes: int = MAX
     records = []
     for row in sorted(trials, key=lambda r: (r["workload_id"], r["seed"] or 0, r["trial"])):
         record = {k: v for k, v in row.items() if k not in DROPPED}
+        for name in FLOAT_LISTS:  # parsed once, for the check of the derived columns and the writer
+            if isinstance(record.get(name), str):
+                record[name] = json.loads(record[name])
         sketch_id, insts, record["decisions"] = split_trace(row["trace"])
         sketches.setdefault(sketch_id, {"sketch_id": sketch_id, "workload_id": row["workload_id"], "insts": insts})
         record["sketch_id"] = sketch_id

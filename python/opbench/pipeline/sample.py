@@ -17,14 +17,13 @@ import dataclasses
 import json
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..dataset import Dataset, now
-from ..dataset.records import TIMER_CHOICES, sample_config
+from ..dataset.records import TIMER_CHOICES, derived, sample_config
 from ..dataset.store import model_key
 from ..errors import OpBenchError
 from ..models import check_dtype
@@ -480,7 +479,7 @@ def sample(job: SampleJob, command: str = "") -> SampleResult:
                     **row_key(record.task), **tags, "run_id": run.run_id, "trial": candidate.index,
                     "trace": candidate.trace, "knobs": knobs, "build_status": record.build_status,
                     "error": record.error,
-                    "run_secs": secs, "latency_median_s": statistics.median(secs) if secs else None,
+                    "run_secs": secs, "latency_median_s": derived(secs)["latency_median_s"],
                     "seed": job.seed, "origin": candidate.origin, "sketch": candidate.sketch,
                     "candidate_hash": candidate.shash, "number": record.number, "repeats": record.repeats,
                     "spread": record.spread, "build_s": record.build_s, **device_tags.get(record.device, unmeasured),

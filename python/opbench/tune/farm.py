@@ -45,6 +45,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .. import signals
+from ..dataset.records import derived
 from ..errors import first_line
 from .sampler import Candidate, SampleStats
 
@@ -433,9 +434,7 @@ def measure_artifact(path: str, args_info: list[Any], timing: Timing, kind: str,
         if remote_name is not None and _SESSION:
             with contextlib.suppress(Exception):
                 _SESSION[0].remove(remote_name)
-    median = statistics.median(secs)
-    return {"run_secs": secs, "number": number, "repeats": repeat,
-            "spread": (max(secs) - min(secs)) / median if median > 0 else None}
+    return {"run_secs": secs, "number": number, "repeats": repeat, "spread": derived(secs)["spread"]}
 
 
 # ---------------------------------------------------------------------------------------------------
