@@ -188,6 +188,40 @@ def test_regions_of_one_structure_write_and_read_their_shared_index_entry_once_p
     assert sorted(r for r in reads if r.parent.name == "index") == entries  # each entry read once
 
 
+class WithDropout(torch.nn.Module):
+    """Two convolution branches and a dropout (an identity in eval mode), concatenated."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(c, c, 1)
+        self.b = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.d = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        x = torch.relu(x)
+        return torch.cat([torch.relu(self.a(x)), torch.sigmoid(self.b(x)), self.d(x)], 1)
+
+
+def test_a_region_that_computes_nothing_runs_its_graph_and_is_neither_compiled_nor_marked(tmp_path):
+    """The dropout's region has no operator: Inductor would give an artifact it cannot store (so every later
+    build compiled it again); it runs its ATen graph instead, and the outputs equal the model's."""
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.runtime.fused import FusedBackend
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    model, x = WithDropout().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    for build in ("cold", "warm"):
+        backend = FusedBackend(model, [x], store=tmp_path)
+        assert backend.built.get("no_operators") == 1 and not backend.fallbacks, build
+        assert backend.built.get("compiled" if build == "cold" else "loaded") == len(backend.regions) - 1
+        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    assert not list(tmp_path.glob("*.unstored")) and len(list(tmp_path.glob("*.bin"))) == len(backend.regions) - 1
+
+
 class Pair(torch.nn.Module):
     """Two 1x1 convolutions in a row, named ``names`` (one convolution twice when the names are equal)."""
 

@@ -98,6 +98,12 @@ def _aten_graph(region: Any, inputs: Sequence[Any], names: Sequence[str], tensor
     return graph, spec[0]
 
 
+def _no_operators(graph: Any) -> bool:
+    """Whether an ATen graph computes nothing (its outputs are its inputs: an identity, a dropout in eval mode):
+    Inductor then generates no code, and its artifact cannot be stored, so the graph itself is the region's code."""
+    return not any(n.op in ("call_function", "call_method", "call_module", "get_attr") for n in graph.graph.nodes)
+
+
 def _has_constants(graph: Any) -> bool:
     """Whether an ATen graph reads tensors of its own (baked into its compiled code, which is then not stored)."""
     return any(n.op == "get_attr" for n in graph.graph.nodes)
@@ -223,8 +229,8 @@ class RegionCompiler:
     ----------
     counts:
         How each region was built: ``compiled`` (here), ``compiled_by_workers``, ``loaded`` (stored by an
-        earlier build), ``shared`` (a region of the same structure earlier in this build), ``torch.compile``,
-        ``aten``.
+        earlier build), ``shared`` (a region of the same structure earlier in this build), ``no_operators`` (a
+        region that computes nothing, run as its ATen graph: :func:`_no_operators`), ``torch.compile``, ``aten``.
     seconds:
         Where the time went: ``trace`` (to ATen), ``workers`` (their compiles, wall), ``compile`` and ``load``
         (the artifacts), ``run`` (each region once, but once for each structure and quick key: a region
@@ -259,7 +265,7 @@ class RegionCompiler:
         found unstorable before) and is not stored yet."""
         path = self._path(key)
         return (path is not None and not path.is_file() and not path.with_suffix(".unstored").exists()
-                and not _has_constants(graph))
+                and not _has_constants(graph) and not _no_operators(graph))
 
     def _artifact(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
         """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``, and how it came (a key of
@@ -268,6 +274,9 @@ class RegionCompiler:
 
         if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
             return self._built[key], self._probed.pop(key, "shared")
+        if graph is not None and _no_operators(graph):  # nothing to compile, load or store
+            self._built[key] = graph
+            return graph, "no_operators"
         path = self._path(key)
         # a graph of None was found stored: it has no constants
         constants = graph is not None and _has_constants(graph)
