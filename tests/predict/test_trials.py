@@ -143,6 +143,27 @@ def test_ranking_pairs_stay_inside_a_task_and_weigh_how_far_apart_they_are():
         task_pairs([2, 3], ys[:4])
 
 
+def test_pair_gradients_are_the_pairwise_loss_s_derivatives():
+    import numpy as np
+
+    from opbench.predict.trials import pair_gradients
+
+    rng = np.random.default_rng(0)
+    score = rng.normal(size=5)
+    i, j = np.array([0, 0, 1, 3]), np.array([1, 2, 4, 4])
+    sign, weight = np.array([1.0, -1.0, 1.0, -1.0]), np.array([0.5, 1.0, 0.2, 0.9])
+
+    def loss(s):
+        return float((weight * np.log1p(np.exp(-sign * (s[i] - s[j])))).sum())
+
+    grad, hess = pair_gradients(score, i, j, sign, weight)
+    eps = 1e-6
+    numeric = [(loss(score + eps * e) - loss(score - eps * e)) / (2 * eps) for e in np.eye(5)]
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    curvature = [(loss(score + 1e-4 * e) - 2 * loss(score) + loss(score - 1e-4 * e)) / 1e-8 for e in np.eye(5)]
+    np.testing.assert_allclose(hess[:5], np.maximum(curvature, 1e-6), rtol=1e-3, atol=1e-6)
+
+
 def test_the_ranking_model_learns_each_tasks_own_order():
     """Two tasks ordered by different features (the first by one, faster when larger; the second by
     another, faster when smaller): the model ranks each task's candidates in that task's order, and the
