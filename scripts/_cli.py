@@ -10,6 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def shown(path: str | Path) -> str:
+    """``path`` as a JSON result records it: relative to the repository when inside it."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
+
+
 def run_opbench(args: list[str], env: dict[str, str], log: Path, limit: float, wrap: list[str] | None = None
                 ) -> tuple[int | str, float, str]:
     """Run ``opbench ARGS`` (under ``wrap``, e.g. ``nsys profile ...``) from the repository root, appending the

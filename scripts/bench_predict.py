@@ -42,16 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _cli import ROOT, shown
+
 sys.path.insert(0, str(ROOT / "python"))
 DATASET = ROOT / "data" / "dataset" / "h100.sqlite.gz"
 PREDICTORS = ROOT / "data" / "predictors"
-
-
-def shown(path: str | Path) -> str:
-    """``path`` as the JSON records it: relative to the repository when inside it."""
-    full = Path(path).resolve()
-    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
 
 
 def metrics(args: argparse.Namespace) -> dict:

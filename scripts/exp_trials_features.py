@@ -19,21 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import ROOT, shown
 
-ROOT = Path(__file__).resolve().parents[1]
 #: the per-candidate rows: the stores' sum and maximum, and with ``last`` the last store's row too
 VARIANTS = ("sum-max", "sum-max-last")
-
-
-def shown(path: str) -> str:
-    """``path`` as the JSON records it: relative to the repository when inside it."""
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def candidate_row(stores: np.ndarray, variant: str, width: int) -> np.ndarray:
@@ -45,49 +38,40 @@ def candidate_row(stores: np.ndarray, variant: str, width: int) -> np.ndarray:
     return np.concatenate([*parts, np.array([len(x)], "float32")])
 
 
-def fit_and_score(train: list[dict[str, Any]], test_xs: list[np.ndarray], variant: str, seed: int) -> np.ndarray:
-    """Trees on one row per candidate, trained with the ranking loss on ``train``'s tasks; ``test_xs`` scored."""
-    import xgboost as xgb
+class CandidateRanker:
+    """Trees on one row per candidate, trained with the ranking loss on a fold's tasks (a :data:`trials.Fit`)."""
 
-    from opbench.predict import trials
+    def __init__(self, variant: str, train: list[dict[str, Any]], seed: int) -> None:
+        import xgboost as xgb
 
-    width = trials.FEATURE_WIDTH
-    rows = np.stack([candidate_row(x, variant, width) for t in train for x in t["xs"]])
-    ys = np.nan_to_num(np.concatenate([t["latency"].min() / t["latency"] for t in train]))
-    i, j, weight = trials.task_pairs([len(t["xs"]) for t in train], ys, seed)
-    sign = np.where(ys[i] > ys[j], 1.0, -1.0)
+        from opbench.predict import trials
 
-    def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
-        return trials.pair_gradients(preds, i, j, sign, weight)
+        self.variant, self.width = variant, trials.FEATURE_WIDTH
+        ys = np.nan_to_num(np.concatenate([t["latency"].min() / t["latency"] for t in train]))
+        i, j, weight = trials.task_pairs([len(t["xs"]) for t in train], ys, seed)
+        sign = np.where(ys[i] > ys[j], 1.0, -1.0)
 
-    booster = xgb.train({**trials.XGB_PARAMS, "seed": seed}, xgb.DMatrix(rows),
-                        num_boost_round=trials.RANK_ROUNDS, obj=objective)
-    return booster.predict(xgb.DMatrix(np.stack([candidate_row(x, variant, width) for x in test_xs])))
+        def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
+            return trials.pair_gradients(preds, i, j, sign, weight)
+
+        self.booster = xgb.train({**trials.XGB_PARAMS, "seed": seed}, self._rows([x for t in train for x in t["xs"]]),
+                                 num_boost_round=trials.RANK_ROUNDS, obj=objective)
+
+    def _rows(self, xs: list[np.ndarray]) -> Any:
+        import xgboost as xgb
+
+        return xgb.DMatrix(np.stack([candidate_row(x, self.variant, self.width) for x in xs]))
+
+    def _predict(self, xs: list[np.ndarray]) -> np.ndarray:
+        return self.booster.predict(self._rows(xs))
 
 
 def evaluate(tasks: dict[Any, dict[str, Any]], variant: str, folds_k: int, seed: int) -> dict[str, Any]:
     """Held-out-model metrics of ``variant`` (or ``per-store``, the predictor as shipped) on fold seed ``seed``."""
     from opbench.predict import trials
-    from opbench.predict.splits import folds
 
-    if variant == "per-store":
-        report = trials.evaluate(tasks, "by_model", folds_k, seed)
-        return {"metrics": report["metrics"], "by_dtype": report["by_dtype"]}
-    items, entries, labels = trials._entries(tasks, "by_model")  # noqa: SLF001 (the same folds as evaluate's)
-    scores = np.full(len(entries), np.nan)
-    for train, test in folds(labels, "by_model", folds_k, seed):
-        chosen: dict[int, list[int]] = defaultdict(list)
-        for q in train:
-            chosen[entries[q][0]].append(entries[q][1])
-        part = [{**items[t], "xs": [items[t]["xs"][c] for c in cs], "latency": items[t]["latency"][cs]}
-                for t, cs in chosen.items() if len(cs) >= trials.MIN_TRIALS]
-        scores[test] = fit_and_score(part, [items[entries[q][0]]["xs"][entries[q][1]] for q in test], variant, seed)
-    tested = ~np.isnan(scores)
-    dtypes = np.array([items[t]["dtype"] for t, _ in entries])
-    ranking = trials._ranking  # noqa: SLF001
-    return {"metrics": ranking(items, entries, scores, tested),
-            "by_dtype": {str(d): ranking(items, entries, scores, tested & (dtypes == d))
-                         for d in sorted(set(dtypes[tested]))}}
+    fit = None if variant == "per-store" else lambda train, s: CandidateRanker(variant, train, s)
+    return trials.evaluate(tasks, "by_model", folds_k, seed, fit=fit)
 
 
 def main() -> int:

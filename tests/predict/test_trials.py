@@ -192,6 +192,37 @@ def test_the_ranking_model_learns_each_tasks_own_order():
     assert np.allclose(loaded._predict(xs=tasks[0]["xs"]), model._predict(xs=tasks[0]["xs"]))  # noqa: SLF001
 
 
+def test_evaluate_trains_another_model_on_the_same_held_out_folds():
+    """``fit=`` replaces the xgboost model: it is trained on each fold's training tasks only, and its scores are
+    ranked as the shipped model's are (an oracle that reads the latency from a feature ranks every task right)."""
+    import numpy as np
+
+    from opbench.predict import trials
+
+    rng = np.random.default_rng(0)
+    tasks = {}
+    for m in range(4):
+        for t in range(2):
+            latency = rng.uniform(1e-5, 1e-3, 6)
+            xs = [np.full((2, trials.FEATURE_WIDTH), v, "float32") for v in latency]
+            tasks[(f"w{m}{t}", f"t{t}")] = {"xs": xs, "latency": latency, "model": f"m{m}", "models": [f"m{m}"],
+                                            "source": "task", "groups": None, "dtype": "float16", "weight": 1.0,
+                                            "workload_id": f"w{m}{t}", "task": f"t{t}", "group_hash": f"w{m}{t}"}
+    trained = []
+
+    class Oracle:
+        def __init__(self, train, seed):
+            trained.append({m for task in train for m in task["models"]})
+
+        def _predict(self, xs):
+            return -np.array([x[0, 0] for x in xs])
+
+    got = trials.evaluate(tasks, "by_model", k=4, seed=0, fit=Oracle)
+    assert got["metrics"]["pairwise"] == 1.0 and got["metrics"]["top1"] == 1.0 and got["n_test"] == 48
+    assert len(trained) == len(got["fold_models"]) == 4
+    assert all(not (models & set(f["test"])) for models, f in zip(trained, got["fold_models"], strict=True))
+
+
 @pytest.mark.slow
 def test_metaschedules_mlp_is_compared_on_the_same_split(records_slice, tmp_path, monkeypatch):
     """MetaSchedule's own MLP cost model (its trainer fails on current PyTorch without the scheduler shim)

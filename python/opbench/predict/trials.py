@@ -508,12 +508,17 @@ def _labels(items: list[dict[str, Any]], entries: list[tuple[int, int]], split: 
     return [per_task[t] for t, _ in entries]
 
 
+#: trains a ranking model on a fold's tasks (their ``xs`` and ``latency``) with a seed; the model scores
+#: candidates with ``_predict(xs=...)`` (higher is faster), as MetaSchedule's cost models do
+Fit = Callable[[list[dict[str, Any]], int], Any]
+
+
 def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]], labels: list[Any], split: str,
-                    k: int, seed: int, limit: int | None = None, loss: str = "rank"
+                    k: int, seed: int, limit: int | None = None, loss: str = "rank", fit: Fit | None = None
                     ) -> tuple[np.ndarray, list[int], list[dict[str, Any]]]:
     """Held-out scores of every candidate (NaN where no fold tests it), each fold's training size, and what
     each fold trained and tested on (tasks and models); ``limit``: each fold trains on at most that many
-    candidates, drawn at random from its training side."""
+    candidates, drawn at random from its training side; ``fit``: the model, instead of ``loss``'s."""
     scores = np.full(len(entries), np.nan)
     n_train = []
     detail = []
@@ -529,7 +534,8 @@ def _cross_validate(items: list[dict[str, Any]], entries: list[tuple[int, int]],
                 for t, cs in chosen.items() if len(cs) >= MIN_TRIALS]
         if not part:
             continue
-        model = fit_mlp(part, seed) if loss == "mlp" else fit_xgb(part, seed, loss)
+        model = fit(part, seed) if fit is not None else fit_mlp(part, seed) if loss == "mlp" \
+            else fit_xgb(part, seed, loss)
         scores[test] = model._predict(xs=[items[entries[i][0]]["xs"][entries[i][1]] for i in test])  # noqa: SLF001
         n_train.append(sum(len(p["xs"]) for p in part))
         tested = sorted({entries[i][0] for i in test})
@@ -566,15 +572,16 @@ def _entries(tasks: dict[tuple[str, str], dict[str, Any]], split: str) -> tuple[
 
 
 def evaluate(tasks: dict[tuple[str, str], dict[str, Any]], split: str, k: int = 5, seed: int = 0,
-             loss: str = "rank") -> dict[str, Any]:
+             loss: str = "rank", fit: Fit | None = None) -> dict[str, Any]:
     """Cross-validated ranking metrics: pairwise, top-1 and top-5 inside each held-out task, overall and
     by dtype. With ``by_model``, a task that a held-out model shares with a training model is neither
     trained on nor tested in that fold (``untested`` counts the candidates no fold could test). ``loss``:
-    one of :data:`COMPARED` (``mlp``: MetaSchedule's MLP cost model instead of the xgboost one)."""
+    one of :data:`COMPARED` (``mlp``: MetaSchedule's MLP cost model instead of the xgboost one); ``fit``:
+    another model (:data:`Fit`) trained and tested on the same folds instead."""
     if loss not in COMPARED:
         raise OpBenchError(f"unknown trials model '{loss}' (accepted: {', '.join(COMPARED)})")
     items, entries, labels = _entries(tasks, split)
-    scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed, loss=loss)
+    scores, n_train, detail = _cross_validate(items, entries, labels, split, k, seed, loss=loss, fit=fit)
     tested = ~np.isnan(scores)
     dtypes = np.array([items[t]["dtype"] for t, _ in entries])
     metrics = _ranking(items, entries, scores, tested)
@@ -610,6 +617,6 @@ def learning_curve(tasks: dict[tuple[str, str], dict[str, Any]], sizes: Sequence
     return out
 
 
-__all__ = ["COMPARED", "XGB_PARAMS", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_mlp",
+__all__ = ["COMPARED", "XGB_PARAMS", "Fit", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_mlp",
            "fit_xgb", "learning_curve", "pair_gradients", "ranking_model", "target_for", "task_pairs",
            "trial_examples", "trial_features"]
