@@ -738,6 +738,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "opbench") -> NoReturn:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
         os._exit(128 + (signals.received() or signal.SIGINT))
+    signals.forget_handled_interrupt()  # else Python may turn a handled Ctrl-C into a SIGINT at exit
     sys.exit(code)
 
 
