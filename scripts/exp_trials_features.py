@@ -42,18 +42,19 @@ WEIGHT_VARIANTS = ("uniform", "sqrt")
 VARIANTS = CANDIDATE_VARIANTS + STORE_VARIANTS + WEIGHT_VARIANTS
 #: the H100's SMs and resident threads per SM, for the launch columns
 SMS, THREADS_PER_SM, BLOCKS_PER_SM = 132, 2048, 32
-#: where ``PerStoreFeature`` keeps the lengths of the loops bound to blockIdx.x/y/z and threadIdx.x/y/z
+#: where ``PerStoreFeature`` keeps the lengths of the loops bound to blockIdx.x/y/z, then threadIdx.x/y/z
 #: (its first group: 16 arithmetic counts, 3 x 11 for vectorised / unrolled / parallel loops, is_gpu, then these)
-BLOCK_COLUMNS, THREAD_COLUMNS = slice(50, 53), slice(53, 56)
+BOUND_COLUMNS = slice(50, 56)
+#: the other pair weights of :data:`WEIGHT_VARIANTS`, from the shipped ones
+PAIR_WEIGHTS = {"uniform": lambda w: np.where(w > 0.02, 1.0, 0.0), "sqrt": np.sqrt}
 
 
 def launch_columns(stores: np.ndarray) -> np.ndarray:
     """What a GPU makes of each store's launch, from the bound loops' lengths (stored as log2(1 + length)):
     log2 of blocks, waves over the SMs, the last wave's fill, warps per block and the share of their lanes
     used, the resident blocks per SM that the block size allows, waves at that residency and its fill."""
-    lens = np.maximum(np.exp2(stores) - 1.0, 1.0)
-    blocks = np.prod(lens[:, BLOCK_COLUMNS], axis=1)
-    threads = np.prod(lens[:, THREAD_COLUMNS], axis=1)
+    lens = np.maximum(np.exp2(stores[:, BOUND_COLUMNS]) - 1.0, 1.0)
+    blocks, threads = np.prod(lens[:, :3], axis=1), np.prod(lens[:, 3:], axis=1)
     warps = np.ceil(threads / 32.0)
     resident = np.clip(np.floor(THREADS_PER_SM / np.maximum(warps * 32.0, 32.0)), 1.0, BLOCKS_PER_SM)
     waves = blocks / SMS
@@ -91,24 +92,39 @@ def candidate_row(stores: np.ndarray, variant: str, width: int) -> np.ndarray:
     return np.concatenate([*parts, np.array([len(x)], "float32")])
 
 
+def pair_booster(train: list[dict[str, Any]], seed: int, rows: Any, ids: np.ndarray | None = None,
+                 reweigh: Any = None) -> Any:
+    """Trees trained with the shipped ranking loss (:func:`opbench.predict.trials.pair_gradients` over
+    :func:`opbench.predict.trials.task_pairs`) on a fold's tasks. ``rows`` (a DMatrix) holds one row per
+    candidate, or with ``ids`` (each row's candidate) several, a candidate's score the sum of its rows';
+    ``reweigh`` maps the shipped pair weights to others."""
+    import xgboost as xgb
+
+    from opbench.predict import trials
+
+    ys = np.nan_to_num(np.concatenate([t["latency"].min() / t["latency"] for t in train]))
+    i, j, weight = trials.task_pairs([len(t["xs"]) for t in train], ys, seed)
+    if reweigh is not None:
+        weight = reweigh(weight)
+    sign = np.where(ys[i] > ys[j], 1.0, -1.0)
+
+    def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
+        if ids is None:
+            return trials.pair_gradients(preds, i, j, sign, weight)
+        grad, hess = trials.pair_gradients(np.bincount(ids, weights=preds, minlength=len(ys)), i, j, sign, weight)
+        return grad[ids], hess[ids]
+
+    return xgb.train({**trials.XGB_PARAMS, "seed": seed}, rows, num_boost_round=trials.RANK_ROUNDS, obj=objective)
+
+
 class CandidateRanker:
     """Trees on one row per candidate, trained with the ranking loss on a fold's tasks (a :data:`trials.Fit`)."""
 
     def __init__(self, variant: str, train: list[dict[str, Any]], seed: int) -> None:
-        import xgboost as xgb
-
         from opbench.predict import trials
 
         self.variant, self.width = variant, trials.FEATURE_WIDTH
-        ys = np.nan_to_num(np.concatenate([t["latency"].min() / t["latency"] for t in train]))
-        i, j, weight = trials.task_pairs([len(t["xs"]) for t in train], ys, seed)
-        sign = np.where(ys[i] > ys[j], 1.0, -1.0)
-
-        def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
-            return trials.pair_gradients(preds, i, j, sign, weight)
-
-        self.booster = xgb.train({**trials.XGB_PARAMS, "seed": seed}, self._rows([x for t in train for x in t["xs"]]),
-                                 num_boost_round=trials.RANK_ROUNDS, obj=objective)
+        self.booster = pair_booster(train, seed, self._rows([x for t in train for x in t["xs"]]))
 
     def _rows(self, xs: list[np.ndarray]) -> Any:
         import xgboost as xgb
@@ -124,24 +140,10 @@ class StoreRanker:
     weights of ``variant`` (:data:`WEIGHT_VARIANTS`), trained on a fold's tasks (a :data:`trials.Fit`)."""
 
     def __init__(self, variant: str, train: list[dict[str, Any]], seed: int) -> None:
-        import xgboost as xgb
         from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
 
-        from opbench.predict import trials
-
-        ys = np.nan_to_num(np.concatenate([t["latency"].min() / t["latency"] for t in train]))
-        i, j, weight = trials.task_pairs([len(t["xs"]) for t in train], ys, seed)
-        weight = np.where(weight > 0.02, 1.0, 0.0) if variant == "uniform" else np.sqrt(weight)
-        sign = np.where(ys[i] > ys[j], 1.0, -1.0)
         packed = PackSum(xs=[x for t in train for x in t["xs"]], ys=None)
-        ids, n = packed.ids, len(ys)
-
-        def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
-            grad, hess = trials.pair_gradients(np.bincount(ids, weights=preds, minlength=n), i, j, sign, weight)
-            return grad[ids], hess[ids]
-
-        self.booster = xgb.train({**trials.XGB_PARAMS, "seed": seed}, packed.dmatrix,
-                                 num_boost_round=trials.RANK_ROUNDS, obj=objective)
+        self.booster = pair_booster(train, seed, packed.dmatrix, packed.ids, PAIR_WEIGHTS[variant])
 
     def _predict(self, xs: list[np.ndarray]) -> np.ndarray:
         from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
