@@ -273,3 +273,6 @@ def test_candidates_timed_from_graph_replays_rank_among_themselves(records_slice
     plain, graph = (mine[k] for k in sorted(mine, key=len))
     assert len(graph["latency"]) == len(plain["latency"]) == len(rows)
     assert sorted(graph["latency"] * 10) == pytest.approx(sorted(plain["latency"]))
+    # each candidate's key in the per-task caches, in the order of its features
+    assert sorted(plain["trace_keys"]) == sorted(graph["trace_keys"]) == sorted(trials.trace_key(r["trace"])
+                                                                                for r in rows)

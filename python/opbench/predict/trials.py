@@ -94,6 +94,11 @@ def trial_features(mod: Any, target: Any, traces: Sequence[Any]) -> list[np.ndar
 TaskModules = Callable[[Sequence[dict[str, Any]]], dict[tuple[str, str], tuple[Any, Any]]]
 
 
+def trace_key(trace: str) -> str:
+    """The key of a stored candidate (its trace as JSON) in the per-task caches: 24 hex digits of its SHA-256."""
+    return hashlib.sha256(trace.encode()).hexdigest()[:24]
+
+
 def _feature_cache(mod_json: str, target_json: str) -> Path:
     """The cache file of one task's candidate features (its module, target, TVM version and extractor)."""
     import tvm
@@ -119,7 +124,7 @@ def cached_features(mod_json: str, target_json: str, traces: Sequence[str]) -> l
                 known = {str(k): (p if n >= 0 else None) for k, n, p in zip(arrays["keys"], rows, parts, strict=True)}
         except (KeyError, ValueError, OSError, zipfile.BadZipFile):
             known = {}
-    keys = [hashlib.sha256(t.encode()).hexdigest()[:24] for t in traces]
+    keys = [trace_key(t) for t in traces]
     missing = {k: t for k, t in zip(keys, traces, strict=True) if k not in known}
     if missing:
         computed = trial_features(tvm.ir.load_json(mod_json), target_for(target_json), list(missing.values()))
@@ -169,7 +174,8 @@ def _sampled_task(task: dict[str, Any], trows: list[dict[str, Any]]) -> dict[str
 
 def trial_examples(path: str, task_modules: TaskModules, device: str | None = None
                    ) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
-    """Per task: its trials' features and latencies (``xs``, ``latency``), model(s), weight and group hash.
+    """Per task: its trials' features and latencies (``xs``, ``latency``), model(s), weight, group hash and
+    each candidate's :func:`trace_key` (``trace_keys``).
 
     ``path`` is a dataset or a records folder. Rows of tuning runs name their model: their tasks'
     modules come from ``task_modules`` (re-extracted). Sampled rows (``opbench sample``, source
@@ -205,10 +211,12 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
             continue
         if n and n % 100 == 0:
             log.info("trials: features of %d of %d tasks", n, len(by_task))
-        kept = [(f, float(r["latency_median_s"])) for f, r in zip(feats, trows, strict=True) if f is not None]
+        kept = [(f, float(r["latency_median_s"]), r["trace"]) for f, r in zip(feats, trows, strict=True)
+                if f is not None]
         if len(kept) < MIN_TRIALS:
             continue
-        out[key] = {"xs": [f for f, _ in kept], "latency": np.array([lat for _, lat in kept]), **info,
+        out[key] = {"xs": [f for f, _, _ in kept], "latency": np.array([lat for _, lat, _ in kept]), **info,
+                    "trace_keys": [trace_key(t) for _, _, t in kept],
                     "workload_id": key[0], "task": key[1], "group_hash": shash2hex(mod),
                     "target_kind": target_kind(trows[0]["target"])}
     return out, device_name

@@ -15,6 +15,7 @@ import collections
 import ctypes
 import hashlib
 import re
+import struct
 import threading
 from typing import Any
 
@@ -60,6 +61,65 @@ def compiled_binary(source: str) -> bytes | None:
 
 _ATTR_MAX_THREADS, _ATTR_SHARED, _ATTR_LOCAL, _ATTR_REGS = 0, 1, 3, 4
 
+#: attributes of a cubin's global ``.nv.info`` section (``EIATTR_*``) read by :func:`cubin_resources`:
+#: each an SVAL of (symbol index, value)
+_EIATTR = {0x2F: "registers", 0x11: "frame_bytes", 0x12: "min_stack_bytes"}
+#: shared memory that sm_90's cubins reserve per block in ``.nv.shared.<kernel>`` (``.nv.shared.reserved.0``)
+_RESERVED_SMEM = 1024
+_SHT_SYMTAB, _SHT_NOBITS = 2, 8
+
+
+def cubin_resources(image: bytes) -> dict[str, dict[str, int]]:
+    """Registers per thread, stack frame and static shared memory of each kernel of a CUDA binary, read
+    from the ELF file itself (no GPU, no driver): what ``ptxas -v`` prints.
+
+    ``registers`` and ``frame_bytes`` (the local memory a thread's stack takes, spills included) come
+    from the global ``.nv.info`` section; ``static_smem`` is the size of the kernel's ``.nv.shared.``
+    section less the 1 KiB the sm_90 toolchain reserves there. Kernels are keyed by their symbol names.
+
+    Raises
+    ------
+    ValueError
+        ``image`` is not a 64-bit little-endian ELF file (a PTX text, say).
+    """
+    image = bytes(image)
+    if image[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not a cubin (a 64-bit little-endian ELF image)")
+
+    def text(at: int) -> str:
+        return image[at:image.index(b"\0", at)].decode("utf-8", "replace")
+
+    shoff, = struct.unpack_from("<Q", image, 0x28)
+    entsize, count, names_at = struct.unpack_from("<HHH", image, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * entsize) for i in range(count)]
+    names_off = headers[names_at][4]
+    sections = [(text(names_off + h[0]), h[1], h[4], h[5], h[6]) for h in headers]  # name, type, off, size, link
+    symbols: list[str] = []
+    for _, kind, off, size, link in sections:
+        if kind == _SHT_SYMTAB:
+            strings = sections[link][2]
+            symbols = [text(strings + struct.unpack_from("<I", image, off + 24 * k)[0]) for k in range(size // 24)]
+    out: dict[str, dict[str, int]] = {}
+    for name, kind, off, size, _ in sections:
+        if name == ".nv.info":
+            at, end = off, off + size
+            while at + 4 <= end:
+                fmt, attr = image[at], image[at + 1]
+                if fmt != 0x04:  # NVAL / BVAL / HVAL: four bytes in all
+                    at += 4
+                    continue
+                length, = struct.unpack_from("<H", image, at + 2)
+                if attr in _EIATTR and length >= 8:
+                    sym, value = struct.unpack_from("<II", image, at + 4)
+                    if sym < len(symbols):
+                        out.setdefault(symbols[sym], {})[_EIATTR[attr]] = value
+                at += 4 + length
+        elif kind == _SHT_NOBITS and name.startswith(".nv.shared.") and not name.startswith(".nv.shared.reserved"):
+            out.setdefault(name[len(".nv.shared."):], {})["static_smem"] = max(0, size - _RESERVED_SMEM)
+    for figures in out.values():
+        figures.setdefault("static_smem", 0)
+    return {k: v for k, v in out.items() if "registers" in v}
+
 
 def _walk(node: Any, visit: Any, depth: int = 0) -> None:
     """Pre-order walk over TIR statements (generic over statement kinds)."""
@@ -78,7 +138,9 @@ def _walk(node: Any, visit: Any, depth: int = 0) -> None:
 
 
 def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
-    """Grid, block and dynamic shared memory of each kernel a scheduled PrimFunc launches.
+    """Grid, block and shared memory of each kernel a scheduled PrimFunc launches: ``dynamic_smem`` (buffers
+    in ``shared.dyn``) and ``shared_bytes`` (every ``shared`` buffer, which TVM's lowering merges into the
+    kernel's dynamic shared memory).
 
     Every outermost loop nest bound to ``blockIdx.*`` becomes one kernel, in program order (the
     order of TVM's ``<func>_kernel``, ``<func>_kernel_1``, ... names).
@@ -102,14 +164,17 @@ def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
                 if tag.startswith(("blockIdx", "threadIdx")):
                     kernel[tag] = max(kernel.get(tag, 1), int(node.extent))
             for buf in getattr(node, "alloc_buffers", []) or []:
-                if str(buf.scope()) == "shared.dyn":
+                scope = str(buf.scope())
+                if scope.startswith("shared"):
+                    kernel["shared_bytes"] += bytes_of(buf)
+                if scope == "shared.dyn":
                     kernel["dynamic_smem"] += bytes_of(buf)
         return visit
 
     def visit(node: Any) -> bool:
         binding = getattr(node, "thread_binding", None)
         if binding is not None and binding.thread_tag.startswith("blockIdx"):
-            kernel: dict[str, Any] = {"dynamic_smem": 0}
+            kernel: dict[str, Any] = {"dynamic_smem": 0, "shared_bytes": 0}
             _walk(node, in_kernel(kernel))
             kernels.append(kernel)
             return False
@@ -120,7 +185,7 @@ def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
     for k in kernels:
         grid = [k.get(f"blockIdx.{a}", 1) for a in "xyz"]
         block = [k.get(f"threadIdx.{a}", 1) for a in "xyz"]
-        out.append({"grid": grid, "block": block, "dynamic_smem": k["dynamic_smem"]})
+        out.append({"grid": grid, "block": block, "dynamic_smem": k["dynamic_smem"], "shared_bytes": k["shared_bytes"]})
     return out
 
 
