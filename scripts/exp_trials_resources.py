@@ -13,7 +13,8 @@ its candidate's resource columns (:func:`resource_columns`), on the same tasks.
 ``--part compute`` builds (in ``--workers`` processes, for at most ``--time-limit`` seconds; a task's figures
 are cached in ``--cache`` (default ``$OPBENCH_CACHE/trial-resources``) as it finishes, and the cache is packed
 into OUT/trial-resources.tar, so a later run resumes); ``--part evaluate`` trains and writes
-OUT/exp_trials_resources_evaluate.json.
+OUT/exp_trials_resources_evaluate.json. NVRTC needs the CUDA headers: on a machine where ``nvcc`` is not that of
+the toolkit's folder, name the folder in ``CUDA_PATH`` (say ``/usr/local/cuda-13.0``).
 
     PYTHONPATH=python python3 scripts/exp_trials_resources.py --part compute --out out --share 0.1
     PYTHONPATH=python python3 scripts/exp_trials_resources.py --part evaluate --out out --share 0.1
@@ -139,7 +140,7 @@ def task_figures(mod_json: str, target_json: str, traces: list[str], cache: str)
 
 
 def compute(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Build the stored candidates of the chosen tasks for their figures, the slowest-to-start tasks first."""
+    """Build the stored candidates of the chosen tasks for their figures, a task per job (in the order of their ids)."""
     from opbench.dataset import records
     from opbench.predict.base import dataset_rows
     from opbench.utils import cache_root
@@ -251,7 +252,7 @@ def evaluate(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                   flush=True)
     built = [v for v in known.values() if v is not None]
     regs = np.array([v["registers"] for v in built])
-    return {"device_name": device, "tasks": len(tasks), "records": n, "excluded": sorted(skip), "folds": args.folds,
+    return {"device_name": device, "tasks": len(tasks), "candidates": n, "excluded": sorted(skip), "folds": args.folds,
             "candidates_without_figures": len(known) - len(built),
             "registers": {"median": float(np.median(regs)), "p90": float(np.quantile(regs, 0.9)),
                           "max": int(regs.max())} if len(regs) else None,
