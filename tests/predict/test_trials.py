@@ -276,3 +276,28 @@ def test_candidates_timed_from_graph_replays_rank_among_themselves(records_slice
     # each candidate's key in the per-task caches, in the order of its features
     assert sorted(plain["trace_keys"]) == sorted(graph["trace_keys"]) == sorted(trials.trace_key(r["trace"])
                                                                                 for r in rows)
+
+
+def test_the_compiler_figures_give_the_residency_an_sm_allows(monkeypatch):
+    """scripts/exp_trials_resources.py: blocks per SM limited by registers (65,536 in units of 256 per warp), by
+    warps (64) and by shared memory (228 KiB, 1 KiB more per block), and the waves of the grid at that
+    residency; an unknown candidate's columns are NaN; a task is in a share by a stable hash of its id."""
+    from pathlib import Path
+
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import exp_trials_resources as exp
+
+    figures = np.array([  # registers, stack frame, static smem, TIR shared, threads, blocks, kernels
+        [255, 0, 0, 0, 256, 132, 1],       # 8 warps of 8,192 registers each: one block per SM
+        [32, 0, 0, 0, 128, 132 * 16, 1],   # 4 warps of 1,024: 16 blocks, every warp of the SM, one wave
+        [32, 0, 100_000, 0, 128, 264, 1],  # 101,024 bytes of shared memory a block: 2 blocks, one wave
+    ], dtype="float64")
+    resident, share, waves, fill = exp.occupancy(figures).T
+    assert resident.tolist() == [1, 16, 2] and share.tolist() == [0.125, 1.0, 0.125]
+    assert waves.tolist() == [1.0, 1.0, 1.0] and fill.tolist() == [1.0, 1.0, 1.0]
+    columns = exp.resource_columns(np.vstack([figures, np.full(7, np.nan)]))
+    assert columns.shape == (4, 11) and np.isnan(columns[3]).all() and columns[0, 0] == np.log2(256)
+    assert exp.chosen("7782ad337652c85f", 1.0) and not exp.chosen("7782ad337652c85f", 1e-12)
+    assert sum(exp.chosen(f"{i:016x}", 0.25) for i in range(4000)) == pytest.approx(1000, rel=0.1)
