@@ -40,7 +40,7 @@ SMS, REGISTERS_PER_SM, WARPS_PER_SM, BLOCKS_PER_SM, SMEM_PER_SM = 132, 65536, 64
 #: registers are given to a warp in units of 256; each block's shared memory takes 1 KiB more, in 128-byte units
 REGISTER_UNIT, SMEM_RESERVED, SMEM_UNIT = 256, 1024, 128
 #: the figures kept per candidate (its kernel with the most threads in flight; ``kernels``: how many it launches)
-FIGURES = ("registers", "frame_bytes", "static_smem", "shared_bytes", "threads", "blocks", "kernels")
+FIGURES = ("registers", "frame_bytes", "static_smem", "threads", "blocks", "kernels")
 
 
 def chosen(workload_id: str, share: float) -> bool:
@@ -107,9 +107,8 @@ def candidate_figures(mod: Any, target: Any, trace: str) -> dict[str, int] | Non
         return None
     rows = []
     for i, name in enumerate(names):
-        ext = extents[i] if i < len(extents) else {"grid": [1, 1, 1], "block": [1, 1, 1], "shared_bytes": 0}
-        rows.append({**kernels[name], "shared_bytes": int(ext["shared_bytes"]),
-                     "threads": int(np.prod(ext["block"])), "blocks": int(np.prod(ext["grid"]))})
+        ext = extents[i] if i < len(extents) else {"grid": [1, 1, 1], "block": [1, 1, 1]}
+        rows.append({**kernels[name], "threads": int(np.prod(ext["block"])), "blocks": int(np.prod(ext["grid"]))})
     main = max(rows, key=lambda k: k["threads"] * k["blocks"])
     return {**{k: int(main[k]) for k in FIGURES if k != "kernels"}, "kernels": len(rows)}
 
@@ -185,11 +184,11 @@ def compute(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 def occupancy(figures: np.ndarray) -> np.ndarray:
     """Blocks an SM holds at once (by registers, shared memory, warps and its block limit), the share of its
     warps they fill, and the waves of the grid at that residency, for rows of :data:`FIGURES`."""
-    regs, _, static, shared, threads, blocks, _ = figures.T
+    regs, _, smem, threads, blocks, _ = figures.T
     warps = np.ceil(np.maximum(threads, 1) / 32.0)
     warp_regs = np.ceil(np.maximum(regs, 1) * 32.0 / REGISTER_UNIT) * REGISTER_UNIT
-    smem = np.ceil((static + shared + SMEM_RESERVED) / SMEM_UNIT) * SMEM_UNIT
-    resident = np.minimum.reduce([np.floor(REGISTERS_PER_SM / (warps * warp_regs)), np.floor(SMEM_PER_SM / smem),
+    block_smem = np.ceil((smem + SMEM_RESERVED) / SMEM_UNIT) * SMEM_UNIT
+    resident = np.minimum.reduce([np.floor(REGISTERS_PER_SM / (warps * warp_regs)), np.floor(SMEM_PER_SM / block_smem),
                                   np.floor(WARPS_PER_SM / warps), np.full_like(warps, BLOCKS_PER_SM)])
     resident = np.maximum(resident, 1.0)
     waves = blocks / (SMS * resident)

@@ -289,15 +289,15 @@ def test_the_compiler_figures_give_the_residency_an_sm_allows(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
     import exp_trials_resources as exp
 
-    figures = np.array([  # registers, stack frame, static smem, TIR shared, threads, blocks, kernels
-        [255, 0, 0, 0, 256, 132, 1],       # 8 warps of 8,192 registers each: one block per SM
-        [32, 0, 0, 0, 128, 132 * 16, 1],   # 4 warps of 1,024: 16 blocks, every warp of the SM, one wave
-        [32, 0, 100_000, 0, 128, 264, 1],  # 101,024 bytes of shared memory a block: 2 blocks, one wave
+    figures = np.array([  # registers, stack frame, static smem, threads, blocks, kernels
+        [255, 0, 0, 256, 132, 1],       # 8 warps of 8,192 registers each: one block per SM
+        [32, 0, 0, 128, 132 * 16, 1],   # 4 warps of 1,024: 16 blocks, every warp of the SM, one wave
+        [32, 0, 100_000, 128, 264, 1],  # 101,024 bytes of shared memory a block: 2 blocks, one wave
     ], dtype="float64")
     resident, share, waves, fill = exp.occupancy(figures).T
     assert resident.tolist() == [1, 16, 2] and share.tolist() == [0.125, 1.0, 0.125]
     assert waves.tolist() == [1.0, 1.0, 1.0] and fill.tolist() == [1.0, 1.0, 1.0]
-    columns = exp.resource_columns(np.vstack([figures, np.full(7, np.nan)]))
-    assert columns.shape == (4, 11) and np.isnan(columns[3]).all() and columns[0, 0] == np.log2(256)
+    columns = exp.resource_columns(np.vstack([figures, np.full(6, np.nan)]))
+    assert columns.shape == (4, 10) and np.isnan(columns[3]).all() and columns[0, 0] == np.log2(256)
     assert exp.chosen("7782ad337652c85f", 1.0) and not exp.chosen("7782ad337652c85f", 1e-12)
     assert sum(exp.chosen(f"{i:016x}", 0.25) for i in range(4000)) == pytest.approx(1000, rel=0.1)

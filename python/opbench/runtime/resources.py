@@ -138,9 +138,7 @@ def _walk(node: Any, visit: Any, depth: int = 0) -> None:
 
 
 def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
-    """Grid, block and shared memory of each kernel a scheduled PrimFunc launches: ``dynamic_smem`` (buffers
-    in ``shared.dyn``) and ``shared_bytes`` (every ``shared`` buffer, which TVM's lowering merges into the
-    kernel's dynamic shared memory).
+    """Grid, block and dynamic shared memory of each kernel a scheduled PrimFunc launches.
 
     Every outermost loop nest bound to ``blockIdx.*`` becomes one kernel, in program order (the
     order of TVM's ``<func>_kernel``, ``<func>_kernel_1``, ... names).
@@ -164,17 +162,14 @@ def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
                 if tag.startswith(("blockIdx", "threadIdx")):
                     kernel[tag] = max(kernel.get(tag, 1), int(node.extent))
             for buf in getattr(node, "alloc_buffers", []) or []:
-                scope = str(buf.scope())
-                if scope.startswith("shared"):
-                    kernel["shared_bytes"] += bytes_of(buf)
-                if scope == "shared.dyn":
+                if str(buf.scope()) == "shared.dyn":
                     kernel["dynamic_smem"] += bytes_of(buf)
         return visit
 
     def visit(node: Any) -> bool:
         binding = getattr(node, "thread_binding", None)
         if binding is not None and binding.thread_tag.startswith("blockIdx"):
-            kernel: dict[str, Any] = {"dynamic_smem": 0, "shared_bytes": 0}
+            kernel: dict[str, Any] = {"dynamic_smem": 0}
             _walk(node, in_kernel(kernel))
             kernels.append(kernel)
             return False
@@ -185,7 +180,7 @@ def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
     for k in kernels:
         grid = [k.get(f"blockIdx.{a}", 1) for a in "xyz"]
         block = [k.get(f"threadIdx.{a}", 1) for a in "xyz"]
-        out.append({"grid": grid, "block": block, "dynamic_smem": k["dynamic_smem"], "shared_bytes": k["shared_bytes"]})
+        out.append({"grid": grid, "block": block, "dynamic_smem": k["dynamic_smem"]})
     return out
 
 
