@@ -76,7 +76,7 @@ def candidate_figures(mod: Any, target: Any, trace: str) -> dict[str, int] | Non
     from tvm.s_tir.schedule import Trace
 
     from opbench.dataset.frames import json_value
-    from opbench.runtime.resources import cubin_resources, launch_extents
+    from opbench.runtime.resources import cubin_resources, kernel_index, launch_extents
     from opbench.tune.measure import build_candidate
 
     compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
@@ -102,7 +102,7 @@ def candidate_figures(mod: Any, target: Any, trace: str) -> dict[str, int] | Non
         extents = launch_extents(sch.mod["main"])
     except Exception:  # noqa: BLE001 (a candidate that no longer builds: no figures)
         return None
-    names = sorted(kernels, key=lambda n: int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit() else 0)
+    names = sorted(kernels, key=kernel_index)
     if not names:
         return None
     rows = []

@@ -184,6 +184,13 @@ def launch_extents(prim_func: Any) -> list[dict[str, Any]]:
     return out
 
 
+def kernel_index(name: str) -> int:
+    """Where a kernel TVM named ``<func>_kernel`` (0) or ``<func>_kernel_<i>`` (i) stands among its function's
+    launches."""
+    tail = name.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() and "_kernel_" in name else 0
+
+
 def kernel_names(source: str) -> list[str]:
     """Names of the ``__global__`` functions in a CUDA source, in order, without repeats."""
     names: list[str] = []
@@ -248,8 +255,7 @@ def kernel_resources(source: str, arch: str, scheduled: Any, funcs: list[str], s
     names = kernel_names(source)
     out: dict[str, dict[str, Any]] = {}
     for func in funcs:
-        mine = sorted((n for n in names if re.fullmatch(rf"{re.escape(func)}_kernel(_\d+)?", n)),
-                      key=lambda n: int(n.rsplit("_", 1)[1]) if n[-1].isdigit() and "_kernel_" in n else 0)
+        mine = sorted((n for n in names if re.fullmatch(rf"{re.escape(func)}_kernel(_\d+)?", n)), key=kernel_index)
         extents = launch_extents(scheduled[func])
         kernels = []
         for i, name in enumerate(mine):
