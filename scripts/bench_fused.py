@@ -13,8 +13,10 @@ the model and its inputs cast to ``--dtype``):
 * the critical path of the fused regions (their longest dependency chain, each region timed alone).
 
 At the end of each model the four callables are timed again side by side, alternating, and the
-medians of those rounds are the table's figures. Results go to ``OUT/bench_fused.json`` after every
-model (a re-run with the same OUT skips what is there); a table is printed.
+medians of those rounds are the table's figures; the same callables are then timed once more by the
+capturer's own timer and rounds (``ms_capturer_timer``), to tell a timer's difference from the moment's.
+Results go to ``OUT/bench_fused.json`` after every model (a re-run with the same OUT skips what is there);
+a table is printed.
 
 Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
 process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
@@ -180,6 +182,18 @@ def side_by_side(runs: dict, rounds: int, number: int) -> dict:
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
+def capturer_timer(runs: dict, repeat: int, number: int) -> dict:
+    """Medians (ms) of the same callables timed again by the capturer's own code (its timer and interleaved
+    rounds, :func:`opbench.pipeline.compare.time_rounds`), after the build: where a row of the capturer's
+    table differs from :func:`side_by_side`, this tells the timer from the moment it was taken."""
+    from opbench.pipeline.compare import ROUNDS, time_rounds
+    from opbench.profile.schedule import default_timer
+
+    rows = [({"schedule": label}, run) for label, run in runs.items()]
+    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number))
+    return {row["schedule"]: row["latency_ms"] for row, _ in rows}
+
+
 def bench(name: str, batch: int, args) -> dict:
     import torch
 
@@ -244,6 +258,7 @@ def bench(name: str, batch: int, args) -> dict:
     if combo is not None:
         timed["torch.compile + combo kernels"] = call(combo)
     res["ms"] = side_by_side(timed, args.rounds, args.number)
+    res["ms_capturer_timer"] = capturer_timer(timed, args.repeat, args.number)
     res["fused_err"] = relative_err(fused(*inputs), ref)
     res["rebuild"] = rebuild_in_new_process(name, batch, Path(args.out), args)
     ms = res["ms"]

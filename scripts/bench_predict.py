@@ -186,10 +186,18 @@ def _curves(data: Path, arm: str, curves: dict) -> None:
 
 
 def pretrained(args: argparse.Namespace) -> dict:
-    """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side."""
+    """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side.
+
+    An arm may be tuned over several calls into the same ``--out`` (``--arms``, ``--tune-time``: each call
+    tunes the tasks the last one did not reach); the calls so far are kept in the JSON's ``runs``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
-    out: dict = {"model": args.tune_model, "target": args.target, "trials": args.trials, "tune_tasks": args.tune_tasks,
-                 "predictor": args.pretrained, "runs": {}}
+    trials = {"xgb": args.trials, "xgb-pretrained": args.pretrained_trials or args.trials}
+    earlier = Path(args.out) / "predict_pretrained.json"
+    runs = json.loads(earlier.read_text()).get("runs", []) if earlier.is_file() else []
+    out: dict = {"model": args.tune_model, "source": args.tune_source, "dtype": args.tune_dtype,
+                 "target": args.target, "trials": trials, "tune_tasks": args.tune_tasks,
+                 "predictor": shown(args.pretrained) if args.pretrained else None,
+                 "runs": runs if isinstance(runs, list) else []}
     curves: dict = {}
     for arm in ("xgb", "xgb-pretrained"):
         data = Path(args.out) / f"tune_{arm}.sqlite"
@@ -197,15 +205,19 @@ def pretrained(args: argparse.Namespace) -> dict:
             if data.exists():
                 _curves(data, arm, curves)
             continue
-        cmd = [sys.executable, "-m", "opbench", "collect", "--modelsource", "local", "--modelname", args.tune_model,
-               "--target", args.target, "--dataset", str(data), "--iftune", "true", "--tuner", "xgb",
-               "--trials", str(args.trials), "--tune-tasks", str(args.tune_tasks), "-q"]
+        cmd = [sys.executable, "-m", "opbench", "collect", "--modelsource", args.tune_source, "--modelname",
+               args.tune_model, "--dtype", args.tune_dtype, "--target", args.target, "--dataset", str(data),
+               "--iftune", "true", "--tuner", "xgb", "--trials", str(trials[arm]), "--tune-tasks",
+               str(args.tune_tasks)]
+        # the experiment reads the trials only: the operator rows measured after the tuning are kept short
+        cmd += ["--repeat", "2", "--min-repeat-ms", "1", "--no-check"]
+        cmd += ["--tune-time", str(args.tune_time)] if args.tune_time else []
         if arm == "xgb-pretrained":
-            cmd += ["--pretrained", args.pretrained]
+            cmd += ["--predictor", args.pretrained]
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(proc.stdout[-2000:], flush=True)
-        out["runs"][arm] = {"exit": proc.returncode, "seconds": time.perf_counter() - start}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env)  # its progress shows as it goes
+        out["runs"].append({"arm": arm, "exit": proc.returncode, "seconds": time.perf_counter() - start,
+                            "trials": trials[arm], "tune_time_s": args.tune_time})
         _curves(data, arm, curves)
     tasks = {}
     for task, c in curves.items():
@@ -219,18 +231,20 @@ def pretrained(args: argparse.Namespace) -> dict:
                        "plain_best_ms_by_trial": [v * 1e3 if v else None for v in plain],
                        "pretrained_best_ms_by_trial": [v * 1e3 if v else None for v in pre]}
     out["tasks"] = tasks
-    n = args.trials
 
-    def weighted(arm: str, k: int) -> float:
-        return sum(t["weight"] * t[f"{arm}_best_ms_by_trial"][min(k, len(t[f"{arm}_best_ms_by_trial"])) - 1]
-                   for t in tasks.values())
+    def weighted(arm: str, k: int) -> float | None:
+        best = [t[f"{arm}_best_ms_by_trial"][min(k, len(t[f"{arm}_best_ms_by_trial"])) - 1] for t in tasks.values()]
+        return None if None in best else sum(t["weight"] * b for t, b in zip(tasks.values(), best, strict=True))
 
     if tasks:
+        n, m = trials["xgb"], min(len(t["pretrained_best_ms_by_trial"]) for t in tasks.values())
         plain_total = weighted("plain", n)
         out["weighted_plain_best_ms"] = plain_total
-        out["weighted_pretrained_best_ms_by_trial"] = {k: weighted("pretrained", k) for k in (8, 16, n // 3, 32, n)}
+        out["weighted_plain_best_ms_by_trial"] = {k: weighted("plain", k) for k in (8, 16, 32, 64, 128, n) if k <= n}
+        out["weighted_pretrained_best_ms_by_trial"] = {k: weighted("pretrained", k)
+                                                       for k in sorted({8, 16, 32, 64, 128, m}) if k <= m}
         out["pretrained_trials_to_plain_total"] = next(
-            (k for k in range(1, n + 1) if weighted("pretrained", k) <= plain_total), None)
+            (k for k in range(1, m + 1) if (weighted("pretrained", k) or float("inf")) <= plain_total), None)
     return out
 
 
@@ -317,12 +331,19 @@ def main() -> int:
     parser.add_argument("--mlp-seeds", default="0",
                         help="--part records: fold seeds on which MetaSchedule's MLP cost model is compared too "
                              "(about 100 s each on 2 cores; default: 0)")
-    parser.add_argument("--curve", default="1000,3000,100000000",
+    parser.add_argument("--curve", default="1000,3000,10000,30000,100000000",
                         help="--part records: training sizes of the learning curve (records per fold)")
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")
     parser.add_argument("--tune-model", default="googlenet")
     parser.add_argument("--target", default="llvm")
-    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--tune-source", default="local", help="--part pretrained: the model's source")
+    parser.add_argument("--tune-dtype", default="float32", help="--part pretrained: the model's dtype")
+    parser.add_argument("--trials", type=int, default=64, help="--part pretrained: trials per task (plain xgb)")
+    parser.add_argument("--pretrained-trials", type=int, default=None,
+                        help="--part pretrained: trials per task of the pretrained arm (default: --trials)")
+    parser.add_argument("--tune-time", type=float, default=None,
+                        help="--part pretrained: start no new task after this many seconds of an arm's tuning "
+                             "(a later call with the same --out continues)")
     parser.add_argument("--tune-tasks", type=int, default=4)
     parser.add_argument("--arms", default="xgb,xgb-pretrained",
                         help="--part pretrained: the arms to tune now (an arm not named is read from --out's "
