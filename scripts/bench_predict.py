@@ -6,7 +6,18 @@ without the models that part schedules (``--schedule-models``), into ``--predict
 
 ``--part pretrained`` tunes the heaviest tasks of a model (``--tune-model``) with plain ``xgb`` and
 with ``--pretrained`` (a trials predictor trained on other models), and writes each task's best
-latency by trial and the trials the pretrained run needs to reach plain xgb's final result.
+latency by trial and the trials the pretrained run needs to reach plain xgb's final result. A long arm
+can be split over calls into the same ``--out`` (``--arms``; ``--tune-time`` starts no new task after
+that many seconds and a later call goes on), for example a model left out of the shipped records:
+
+    PYTHONPATH=python python3 -m opbench train --what trials --dataset data/dataset \\
+        --exclude resnet-50,bert --out trials.opm
+    # plain xgb, one task per call (about 7 minutes each on an H100 with 16 cores); then the pretrained arm
+    PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \\
+        --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --arms xgb --tune-time 1 --out DIR
+    PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \\
+        --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \\
+        --pretrained trials.opm --arms xgb-pretrained --out DIR
 
 ``--part schedules`` (a GPU) runs ``opbench compare`` on each of ``--schedule-models`` with the ios
 scheduler on measured stages (``ios-measured``), on the scheduling cost over measured operator times

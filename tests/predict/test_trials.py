@@ -126,6 +126,40 @@ def test_held_out_models_share_no_model_and_no_task_with_training(records_slice,
     assert shared <= {f"{t['workload_id']}/{t['task']}" for t in again.values()}
 
 
+@pytest.mark.slow
+def test_features_computed_in_worker_processes_equal_those_computed_here(records_slice, tmp_path, monkeypatch):
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import trials
+
+    path, chosen = records_slice
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "here"))
+    here, _ = trials.trial_examples(str(path), task_modules, jobs=1)
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path / "workers"))
+    calls = []
+    real = trials.cached_features
+    monkeypatch.setattr(trials, "cached_features", lambda *a: calls.append(a) or real(*a))
+    workers, _ = trials.trial_examples(str(path), task_modules, jobs=2)
+    assert not calls  # every task's features came from the two workers, none from this process
+    assert sorted(workers) == sorted(here) and len(here) == len(chosen)
+    for key, task in here.items():
+        assert task["trace_keys"] == workers[key]["trace_keys"]
+        assert all((a == b).all() for a, b in zip(task["xs"], workers[key]["xs"], strict=True))
+    # the workers wrote the cache: a later read computes nothing and starts no worker
+    monkeypatch.setattr(trials, "trial_features", lambda *a: pytest.fail("features computed again"))
+    monkeypatch.setattr(trials, "_task_features_job", lambda *a: pytest.fail("a worker started"))
+    again, _ = trials.trial_examples(str(path), task_modules, jobs=2)
+    assert sorted(again) == sorted(here)
+
+
+def test_feature_jobs_come_from_the_argument_then_the_environment(monkeypatch):
+    from opbench.predict import trials
+
+    monkeypatch.setenv("OPBENCH_FEATURE_JOBS", "3")
+    assert trials.feature_jobs(5) == 5 and trials.feature_jobs() == 3
+    monkeypatch.delenv("OPBENCH_FEATURE_JOBS")
+    assert 1 <= trials.feature_jobs() <= 16 and trials.feature_jobs(0) == 1
+
+
 def test_ranking_pairs_stay_inside_a_task_and_weigh_how_far_apart_they_are():
     import numpy as np
 

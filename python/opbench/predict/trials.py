@@ -133,6 +133,59 @@ def cached_features(mod_json: str, target_json: str, traces: Sequence[str]) -> l
     return [known[k] for k in keys]
 
 
+def feature_jobs(jobs: int | None = None) -> int:
+    """Worker processes that compute features: ``jobs``, or ``$OPBENCH_FEATURE_JOBS``, or one per core this
+    process may run on, at most 16 (each worker imports TVM: about 0.4 GB)."""
+    import os
+
+    if jobs is None:
+        jobs = int(os.environ.get("OPBENCH_FEATURE_JOBS") or 0) or None
+    if jobs is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        jobs = min(cores, 16)
+    return max(1, int(jobs))
+
+
+def _task_features_job(item: tuple[Any, str, str, list[str]]) -> tuple[Any, list[np.ndarray | None]]:
+    """A worker's job: one task's :func:`cached_features` (computed, then written to the cache)."""
+    key, mod_json, target_json, traces = item
+    return key, cached_features(mod_json, target_json, traces)
+
+
+def features_in_workers(todo: dict[Any, tuple[str, str, list[str]]], jobs: int | None = None
+                        ) -> dict[Any, list[np.ndarray | None]]:
+    """:func:`cached_features` of the tasks in ``todo`` (key -> module JSON, target JSON, traces) that have no
+    cache file yet, computed in :func:`feature_jobs` worker processes; the rest are left to the caller.
+
+    The first read of the shipped records computes every candidate's features (a trace replayed and
+    ``PerStoreFeature`` run on it: about 35 minutes for 100,000 records on one core); the tasks are
+    independent, so each worker takes one task at a time. Nothing is done with fewer than two workers, or
+    with fewer cold tasks than twice the workers (a worker's start, importing TVM, would cost more). A
+    worker that dies ends the pool: the tasks it did not return are computed by the caller.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    jobs = feature_jobs(jobs)
+    cold = [key for key, (mod_json, target_json, _) in todo.items()
+            if not _feature_cache(mod_json, target_json).is_file()]
+    if jobs < 2 or len(cold) < 2 * jobs:
+        return {}
+    log.info("trials: features of %d tasks in %d processes", len(cold), jobs)
+    out: dict[Any, list[np.ndarray | None]] = {}
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for key, feats in pool.map(_task_features_job, [(k, *todo[k]) for k in cold], chunksize=4):
+                out[key] = feats
+                if len(out) % 200 == 0:
+                    log.info("trials: features of %d of %d tasks (%d processes)", len(out), len(cold), jobs)
+    except BrokenProcessPool as err:
+        log.warning("trials: a feature worker died (%s); the %d tasks left are computed here", err,
+                    len(cold) - len(out))
+    return out
+
+
 def _write_cache(path: Path, known: dict[str, np.ndarray | None]) -> None:
     rows = np.array([-1 if f is None else len(f) for f in known.values()], dtype="int64")
     feats = [f for f in known.values() if f is not None]
@@ -172,7 +225,7 @@ def _sampled_task(task: dict[str, Any], trows: list[dict[str, Any]]) -> dict[str
             "weight": float(sum(int(u.get("weight") or 1) for u in uses) or trows[0].get("task_weight") or 1)}
 
 
-def trial_examples(path: str, task_modules: TaskModules, device: str | None = None
+def trial_examples(path: str, task_modules: TaskModules, device: str | None = None, jobs: int | None = None
                    ) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
     """Per task: its trials' features and latencies (``xs``, ``latency``), model(s), weight, group hash and
     each candidate's :func:`trace_key` (``trace_keys``).
@@ -180,7 +233,8 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
     ``path`` is a dataset or a records folder. Rows of tuning runs name their model: their tasks'
     modules come from ``task_modules`` (re-extracted). Sampled rows (``opbench sample``, source
     ``task``) name a task of the ``tasks`` table, which holds its module and the models that use it;
-    their features are cached (:func:`cached_features`).
+    their features are cached (:func:`cached_features`), those of tasks not cached yet computed in
+    ``jobs`` worker processes (:func:`features_in_workers`).
     """
     from tvm.s_tir.meta_schedule.utils import shash2hex
 
@@ -193,13 +247,16 @@ def trial_examples(path: str, task_modules: TaskModules, device: str | None = No
     for r in rows:  # a task's candidates timed another way (``--timer graph``) rank among themselves
         timer = timer_of(r.get("config"))
         by_task[(r["workload_id"], r["task"]) + (() if timer == TIMERS[0] else (timer,))].append(r)
+    computed = features_in_workers({key: (tasks[key[0]]["mod"], tasks[key[0]]["target"], [r["trace"] for r in trows])
+                                    for key, trows in by_task.items()
+                                    if trows[0].get("source") == "task" and key[0] in tasks}, jobs)
     out = {}
     for n, (key, trows) in enumerate(by_task.items()):
         task = tasks.get(key[0]) if trows[0].get("source") == "task" else None
         if task is not None:
             import tvm
 
-            feats = cached_features(task["mod"], task["target"], [r["trace"] for r in trows])
+            feats = computed.pop(key, None) or cached_features(task["mod"], task["target"], [r["trace"] for r in trows])
             mod = tvm.ir.load_json(task["mod"])
             info = _sampled_task(task, trows)
         elif key[:2] in modules:
