@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,16 @@ def cache_root() -> Path:
     """Where OpBench keeps what it can compute again (downloads, features): ``$OPBENCH_CACHE`` or
     ``~/.cache/opbench``."""
     return Path(os.environ.get("OPBENCH_CACHE") or os.path.join(Path.home(), ".cache", "opbench"))
+
+
+def worker_count(jobs: int | None, env: str, default: Callable[[], int]) -> int:
+    """How many worker processes to start: ``jobs``, else ``$env`` (a whole number; empty or 0: unset), else
+    ``default()``; at least one."""
+    if jobs is None:
+        jobs = int(os.environ.get(env) or 0) or None
+    if jobs is None:
+        jobs = default()
+    return max(1, int(jobs))
 
 
 def digest(value: Any) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 from ..dataset import json_value, row_dtype
 from ..dataset.records import TIMERS, timer_of
 from ..errors import OpBenchError
-from ..utils import cache_root, digest, written_whole
+from ..utils import cache_root, digest, worker_count, written_whole
 from .base import Predictor, dataset_rows, target_kind
 from .metrics import by_group, pairwise, top_k
 from .splits import check_split, folds, group_label
@@ -138,12 +138,11 @@ def feature_jobs(jobs: int | None = None) -> int:
     process may run on, at most 16 (each worker imports TVM: about 0.4 GB)."""
     import os
 
-    if jobs is None:
-        jobs = int(os.environ.get("OPBENCH_FEATURE_JOBS") or 0) or None
-    if jobs is None:
+    def default() -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        jobs = min(cores, 16)
-    return max(1, int(jobs))
+        return min(cores, 16)
+
+    return worker_count(jobs, "OPBENCH_FEATURE_JOBS", default)
 
 
 def _task_features_job(item: tuple[Any, str, str, list[str]]) -> tuple[Any, list[np.ndarray | None]]:
@@ -168,9 +167,11 @@ def features_in_workers(todo: dict[Any, tuple[str, str, list[str]]], jobs: int |
     from concurrent.futures.process import BrokenProcessPool
 
     jobs = feature_jobs(jobs)
+    if jobs < 2:  # nothing to start: the caller's own loop hashes and reads each task's cache file once
+        return {}
     cold = [key for key, (mod_json, target_json, _) in todo.items()
             if not _feature_cache(mod_json, target_json).is_file()]
-    if jobs < 2 or len(cold) < 2 * jobs:
+    if len(cold) < 2 * jobs:
         return {}
     log.info("trials: features of %d tasks in %d processes", len(cold), jobs)
     out: dict[Any, list[np.ndarray | None]] = {}

@@ -561,12 +561,13 @@ def compile_jobs(jobs: int | None) -> int:
     on a machine of at least 8 cores (1, compiling in this process, on smaller ones)."""
     import os
 
-    if jobs is None:
-        jobs = int(os.environ.get("OPBENCH_COMPILE_JOBS") or 0) or None
-    if jobs is None:
+    from ..utils import worker_count
+
+    def default() -> int:
         cores = os.cpu_count() or 1
-        jobs = min(8, cores // 2) if cores >= 8 else 1
-    return max(1, int(jobs))
+        return min(8, cores // 2) if cores >= 8 else 1
+
+    return worker_count(jobs, "OPBENCH_COMPILE_JOBS", default)
 
 
 class FusedBackend(TorchBackend):
