@@ -19,6 +19,15 @@ that many seconds and a later call goes on), for example a model left out of the
         --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \\
         --pretrained trials.opm --arms xgb-pretrained --out DIR
 
+``--part search`` (any machine) simulates the pretrained tuner's search on recorded candidates: on the
+tasks of ``--exclude``'s models (which ``--pretrained`` was trained without), each arm picks
+``--search-batch`` candidates at a time among a task's records and sees their latencies, up to
+``--search-budget``; writes the share of tasks whose best record was found after each pick and the best
+found over it (``DIR/predict_search.json``):
+
+    PYTHONPATH=python python3 scripts/bench_predict.py --part search --pretrained trials.opm \
+        --exclude resnet-50,bert --search-min 24 --search-batch 4 --search-budget 12 --out DIR
+
 ``--part schedules`` (a GPU) runs ``opbench compare`` on each of ``--schedule-models`` with the ios
 scheduler on measured stages (``ios-measured``), on the scheduling cost over measured operator times
 (``ios``) and on predicted costs (``ios-predicted``, ``greedy-predicted``), all measured in one run,
@@ -259,6 +268,44 @@ def pretrained(args: argparse.Namespace) -> dict:
     return out
 
 
+def search(args: argparse.Namespace) -> dict:
+    """The search simulated on the recorded candidates of the tasks of ``--exclude``'s models (left out of the
+    ``--pretrained`` predictor's training): each arm of :data:`opbench.predict.trials.SEARCH_ARMS` picks
+    ``--search-batch`` candidates at a time up to ``--search-budget``, on every task with at least
+    ``--search-min`` records."""
+    from opbench.pipeline.train import task_modules
+    from opbench.predict import load_predictor
+    from opbench.predict.trials import SEARCH_ARMS, simulate_search, trial_examples
+
+    if not args.pretrained:
+        raise SystemExit("--part search needs --pretrained (a trials predictor trained without --exclude's models)")
+    predictor = load_predictor(args.pretrained, "trials")
+    left_out = set(args.exclude.split(","))
+    if not left_out <= set(predictor.meta.get("excluded") or []):
+        raise SystemExit(f"{args.pretrained} was trained on {sorted(left_out)} (its excluded models: "
+                         f"{predictor.meta.get('excluded')}); pass a predictor trained with --exclude {args.exclude}")
+    tasks, device = trial_examples(args.records, task_modules)
+    chosen = [t for t in tasks.values() if left_out & set(t["models"]) and len(t["xs"]) >= args.search_min]
+    sizes = sorted(len(t["xs"]) for t in tasks.values() if left_out & set(t["models"]))
+    print(f"{len(chosen)} tasks of {sorted(left_out)} with {args.search_min}+ records (records per task of "
+          f"theirs: {sizes})", flush=True)
+    if not chosen:
+        raise SystemExit(f"no task of {sorted(left_out)} has {args.search_min} records or more: lower --search-min")
+    out: dict = {"records": shown(args.records), "device": device, "predictor": shown(args.pretrained),
+                 "models": sorted(left_out), "tasks": len(chosen), "arms": {}}
+    for arm in SEARCH_ARMS:
+        runs = [simulate_search(chosen, predictor, arm, args.search_batch, args.search_budget, seed)
+                for seed in range(3 if arm in ("random", "task") else 1)]
+        depth = min(r["budget"] for r in runs)
+        out["arms"][arm] = {"seeds": len(runs), **{key: [sum(r[key][k] for r in runs) / len(runs)
+                                                          for k in range(depth)]
+                                                    for key in ("best_over_task_best", "found")}}
+        marks = [k for k in (8, 16, 24, 32) if k <= depth]
+        print(f"{arm:<16}" + "  ".join(f"{k:>2}: x{out['arms'][arm]['best_over_task_best'][k - 1]:.3f} "
+                                       f"({out['arms'][arm]['found'][k - 1]:.0%} found)" for k in marks), flush=True)
+    return out
+
+
 def noise_ceiling(folder: str, tasks: set[str]) -> dict:
     """How many pairs of a task's built candidates differ by less than their repeat spread ((max - min) /
     median of either one's samples): their measured order is a coin's, so a perfect model's pairwise
@@ -331,7 +378,8 @@ def records(args: argparse.Namespace) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision", "records"])
+    parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision", "records",
+                                                                 "search"])
     parser.add_argument("--records", default=str(ROOT / "data" / "dataset"), help="--part records: the folder")
     parser.add_argument("--exclude", default="resnet-50",
                         help="--part records: models left out with every task they use (tuned later with the "
@@ -345,6 +393,10 @@ def main() -> int:
     parser.add_argument("--curve", default="1000,3000,10000,30000,100000000",
                         help="--part records: training sizes of the learning curve (records per fold)")
     parser.add_argument("--pretrained", default=None, help="trials predictor for --part pretrained")
+    parser.add_argument("--search-batch", type=int, default=8, help="--part search: candidates picked at a time")
+    parser.add_argument("--search-budget", type=int, default=32, help="--part search: candidates picked per task")
+    parser.add_argument("--search-min", type=int, default=48,
+                        help="--part search: tasks with at least this many records (the pool picked from)")
     parser.add_argument("--tune-model", default="googlenet")
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--tune-source", default="local", help="--part pretrained: the model's source")
@@ -371,7 +423,7 @@ def main() -> int:
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision,
-             "records": records}
+             "records": records, "search": search}
     result = parts[args.part](args)
     if args.part == "schedules":
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 
 import pytest
@@ -48,16 +49,22 @@ def test_pretrained_cost_model_in_a_short_tuning_run(tuned, tmp_path):
 
     train(TrainJob(str(tuned / "d.sqlite"), "trials", "by_task", str(tmp_path / "trials.opm"), folds=2))
     tuner = load_pretrained("xgb", str(tmp_path / "trials.opm"), "llvm")
-    assert tuner.name == "xgb-pretrained"
+    assert tuner.name == "xgb-pretrained" and tuner.trials_per_iter == 16
     loaded = tuner.cost_model()
-    before = loaded.data_size
-    assert before > 0 and loaded.booster is not None  # predicts from the first round
+    assert loaded.data_size == 0 and loaded.booster is not None  # predicts from the first round
+    made = []  # the cost model the tuning run uses: MetaSchedule must call its own update, not XGBModel's
+
+    def cost_model():
+        made.append(tuner.cost_model())
+        return made[-1]
+
     with Dataset(tmp_path / "new.sqlite") as ds:
         run = tune_workload(load_workload("simple", "matmul:n=40"), resolve_target("llvm"), ds,
-                            TuneSpec(tmp_path / "db", tuner, 6))
+                            TuneSpec(tmp_path / "db", dataclasses.replace(tuner, cost_model=cost_model), 6))
         rows = ds.rows("trials")
     assert run.tuner == "xgb-pretrained" and len(rows) == 6 and {r["tuner"] for r in rows} == {"xgb-pretrained"}
     assert any(r["build_status"] == "ok" for r in rows)
+    assert len(made) == 1 and made[0].data_size == 6 and len(made[0].task_boosters) == 1  # learned the task
     with pytest.raises(OpBenchError, match="--pretrained works with --tuner xgb"):
         load_pretrained("random", str(tmp_path / "trials.opm"))
     with pytest.raises(OpBenchError, match="trained for target 'llvm'"):
@@ -224,6 +231,80 @@ def test_the_ranking_model_learns_each_tasks_own_order():
     loaded = TrialsPredictor.fit(tasks).cost_model()
     assert type(loaded) is type(model) and loaded.data_size == 24
     assert np.allclose(loaded._predict(xs=tasks[0]["xs"]), model._predict(xs=tasks[0]["xs"]))  # noqa: SLF001
+
+
+def _synthetic_task(rng, name: str, sign: float, n: int = 48) -> dict:
+    """A task of ``n`` candidates of two stores each, slower as feature 0 of their stores grows (``sign``
+    +1) or shrinks (-1); the other features tell nothing."""
+    import numpy as np
+
+    from opbench.predict.trials import FEATURE_WIDTH
+
+    xs = [rng.uniform(0, 1, (2, FEATURE_WIDTH)).astype("float32") for _ in range(n)]
+    latency = np.array([np.exp(sign * float(x[:, 0].sum())) for x in xs])
+    return {"xs": xs, "latency": latency, "group_hash": name}
+
+
+def _pairwise(score, latency) -> float:
+    import numpy as np
+
+    i, j = np.triu_indices(len(latency), 1)
+    return float(np.mean((score[i] > score[j]) == (latency[i] < latency[j])))
+
+
+def test_a_pretrained_model_learns_a_new_tasks_own_order():
+    """A model pretrained on tasks where a larger feature 0 is slower, tuning a task where it is faster:
+    the pretrained order is wrong there; after the task's first candidates are measured (``learn``), the
+    task's own booster turns the ranking of its other candidates its way, while another task keeps the pretrained
+    scores."""
+    import numpy as np
+
+    from opbench.predict.trials import XGB_PARAMS, TrialsPredictor, rank_booster
+
+    rng = np.random.default_rng(0)
+    old = [_synthetic_task(rng, f"old{t}", +1.0) for t in range(6)]
+    base = rank_booster({**XGB_PARAMS, "seed": 0}, [x for t in old for x in t["xs"]],
+                        np.concatenate([t["latency"].min() / t["latency"] for t in old]), [48] * 6, 60)
+    predictor = TrialsPredictor({})
+    predictor.boosters = {"trials": base}
+    model = predictor.tuning_model()
+    new, other = _synthetic_task(rng, "new", -1.0), _synthetic_task(rng, "other", +1.0)
+    before = _pairwise(model.score("new", new["xs"][24:]), new["latency"][24:])
+    assert before < 0.3  # the pretrained order, reversed on this task
+    other_before = model.score("other", other["xs"])
+    model.learn("new", new["xs"][:4], new["latency"][:4])
+    assert model.task_trained == {"new": 4}
+    model.learn("new", new["xs"][4:24], new["latency"][4:24])
+    assert model.task_trained == {"new": 24} and model.data_size == 24
+    after = _pairwise(model.score("new", new["xs"][24:]), new["latency"][24:])
+    assert after > 0.5 and after > before + 0.3  # the candidates it has not seen: turned the task's way
+    np.testing.assert_allclose(model.score("other", other["xs"]), other_before)  # no booster of its own
+
+
+def test_the_search_simulation_finds_more_with_a_model_than_at_random():
+    """:func:`simulate_search` on tasks ordered as the pretrained model was taught: its picks reach the task's
+    best sooner than random picks; an unknown arm or a pretrained arm without a predictor is refused."""
+    import numpy as np
+
+    from opbench.predict.trials import XGB_PARAMS, TrialsPredictor, rank_booster, simulate_search
+
+    rng = np.random.default_rng(1)
+    old = [_synthetic_task(rng, f"old{t}", +1.0) for t in range(4)]
+    predictor = TrialsPredictor({})
+    predictor.boosters = {"trials": rank_booster({**XGB_PARAMS, "seed": 0}, [x for t in old for x in t["xs"]],
+                                                 np.concatenate([t["latency"].min() / t["latency"] for t in old]),
+                                                 [48] * 4, 60)}
+    tasks = [_synthetic_task(rng, f"new{t}", +1.0) for t in range(3)]
+    pre = simulate_search(tasks, predictor, "pretrained+task", batch=4, budget=12)
+    rand = simulate_search(tasks, None, "random", batch=4, budget=12)
+    assert pre["tasks"] == rand["tasks"] == 3 and pre["budget"] == rand["budget"] == 12
+    best = pre["best_over_task_best"]
+    assert all(a >= b >= 1.0 for a, b in zip(best, best[1:], strict=False))
+    assert pre["best_over_task_best"][3] < rand["best_over_task_best"][3]
+    with pytest.raises(OpBenchError, match="unknown search arm 'best'"):
+        simulate_search(tasks, predictor, "best")
+    with pytest.raises(OpBenchError, match="needs a trials predictor"):
+        simulate_search(tasks, None, "pretrained")
 
 
 def test_evaluate_trains_another_model_on_the_same_held_out_folds():

@@ -67,6 +67,22 @@ def test_every_tuner_records_trials_and_applies_the_best(name, tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_xgb_rank_trains_with_its_ranking_loss_while_tuning(tmp_path, monkeypatch):
+    """MetaSchedule calls the cost model's own update and _train during tuning (not XGBModel's)."""
+    from opbench.tune.models import RankXGBModel
+
+    trained = []
+    original = RankXGBModel._cls._train  # noqa: SLF001
+
+    def spy(self, xs, ys):
+        trained.append(type(self).__name__)
+        return original(self, xs, ys)
+
+    monkeypatch.setattr(RankXGBModel._cls, "_train", spy)  # noqa: SLF001
+    _tune(tmp_path, "xgb-rank", trials=4)
+    assert trained and set(trained) == {"RankXGBModel"}  # its own _train, with the ranking loss
+
+
 @pytest.mark.slow
 def test_resume_continues_towards_trials(tmp_path):
     _, _, first, _ = _tune(tmp_path, "random", trials=2)

@@ -214,7 +214,7 @@ def load_pretrained(tuner: Any, path: str | Path, target_kind: str | None = None
 
     predictor = load_predictor(path, "trials")
     predictor.check_device(None, target_kind)
-    return pretrained_tuner(tuner, predictor.cost_model, str(path))
+    return pretrained_tuner(tuner, predictor.tuning_model, str(path))
 
 
 def _check_tuning_deps() -> None:
@@ -364,7 +364,7 @@ def _tune(workload: Workload, target: Any, dataset: Dataset, tune: TuneSpec, ord
                     with signals.deferred(), _logging_errors_quiet():  # signals: stop at a safe point
                         ms.tune.tune_tasks(tasks=contexts, task_weights=[1.0], work_dir=work_dir,
                                            max_trials_global=remaining, max_trials_per_task=remaining,
-                                           num_trials_per_iter=min(64, remaining), builder=builder,
+                                           num_trials_per_iter=min(tuner.trials_per_iter, remaining), builder=builder,
                                            runner=runner, database=database, cost_model=cost_model,
                                            measure_callbacks=callbacks, task_scheduler="round-robin")
                 except Exception:

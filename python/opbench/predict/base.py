@@ -188,8 +188,9 @@ def load_predictor(path: str | Path, what: str | None = None) -> Any:
 
 def xgb_regressor(x: np.ndarray, y: np.ndarray, rounds: int = 400, seed: int = 0, margin: np.ndarray | None = None,
                   **params: Any) -> Any:
-    """An XGBoost regression booster on ``x``/``y`` (squared error; NaN marks a missing feature);
-    with ``margin`` the trees fit ``y - margin`` (pass the same margin to :meth:`Predictor.booster_predict`)."""
+    """An XGBoost regression booster on ``x``/``y`` (squared error unless ``objective=`` says otherwise; NaN
+    marks a missing feature); with ``margin`` the trees fit ``y - margin`` (pass the same margin to
+    :meth:`Predictor.booster_predict`)."""
     import xgboost as xgb
 
     config = {"objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "subsample": 0.9,

@@ -10,9 +10,10 @@ inside a task is used and speeds of different tasks are not comparable. The task
 re-extracting the model each trial row names (its ``workload`` column; the caller does that, see
 :func:`opbench.pipeline.train.task_modules`), so the dataset needs no copy of them.
 
-The saved predictor is that ``XGBModel`` with its training data, in MetaSchedule's own file
-format: ``--pretrained`` loads it as the tuning cost model, which predicts with it from the first
-round and retrains on old and new measurements together as tuning goes on.
+The saved predictor is that ``XGBModel``'s booster with its training data, as data only
+(:class:`TrialsPredictor`): ``--pretrained`` tunes with the booster, frozen, and a small booster of each
+task's own measurements on top of it (:func:`pretrained_model`), so that it predicts from the first round
+and learns the task at hand as tuning goes on.
 """
 
 from __future__ import annotations
@@ -351,31 +352,123 @@ def ranking_model() -> type:
     ``_train`` (as ``XGBModel.update`` does when it retrains during tuning), so that pairs never cross tasks.
     Predicting is ``XGBModel``'s (a score per candidate: higher is faster)."""
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
 
     class TaskRankXGBModel(XGBModel):
         def _train(self, xs: list[np.ndarray], ys: np.ndarray) -> None:  # noqa: N803 (MetaSchedule's names)
-            import xgboost as xgb
 
             sizes = [len(g.features) for g in self.data.values()]
             if sum(sizes) != len(xs):  # not the groups' data: one task
                 sizes = [len(xs)]
-            ys = np.nan_to_num(np.asarray(ys, dtype="float64"))
-            i, j, weight = task_pairs(sizes, ys, self.config.seed)
-            if not len(i):  # no two candidates differ: nothing to rank
-                return
-            packed = PackSum(xs=xs, ys=None)
-            ids, n = packed.ids, len(ys)
-            sign = np.where(ys[i] > ys[j], 1.0, -1.0)
-
-            def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
-                grad, hess = pair_gradients(np.bincount(ids, weights=preds, minlength=n), i, j, sign, weight)
-                return grad[ids], hess[ids]
-
-            self.booster = xgb.train(self.config.to_dict(), packed.dmatrix, num_boost_round=RANK_ROUNDS,
-                                     obj=objective)
+            booster = rank_booster(self.config.to_dict(), xs, ys, sizes, RANK_ROUNDS)
+            if booster is not None:
+                self.booster = booster
 
     return TaskRankXGBModel
+
+
+def rank_booster(config: dict[str, Any], xs: Sequence[np.ndarray], ys: np.ndarray, sizes: Sequence[int], rounds: int,
+                 base: Any = None) -> Any:
+    """An XGBoost booster on MetaSchedule's per-store features ``xs`` (a candidate's score the sum over its
+    stores) trained with the pairwise loss inside each task (``sizes`` candidates each, laid end to end;
+    ``ys`` their speeds, ``best / latency``); with ``base``, another such booster, the new trees fit on top
+    of its scores (their sum is the model). None when no two candidates of a task differ."""
+    import xgboost as xgb
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
+
+    ys = np.nan_to_num(np.asarray(ys, dtype="float64"))
+    i, j, weight = task_pairs(sizes, ys, int(config.get("seed", 0)))
+    if not len(i):  # nothing to rank
+        return None
+    packed = PackSum(xs=list(xs), ys=None)
+    if base is not None:
+        packed.dmatrix.set_base_margin(base.predict(packed.dmatrix, output_margin=True))
+    ids, n = packed.ids, len(ys)
+    sign = np.where(ys[i] > ys[j], 1.0, -1.0)
+
+    def objective(preds: np.ndarray, _data: Any) -> tuple[np.ndarray, np.ndarray]:
+        grad, hess = pair_gradients(np.bincount(ids, weights=preds, minlength=n), i, j, sign, weight)
+        return grad[ids], hess[ids]
+
+    return xgb.train(config, packed.dmatrix, num_boost_round=rounds, obj=objective)
+
+
+#: the per-task boosters of a pretrained cost model (:func:`pretrained_model`): rounds, depth, and how much the
+#: task's candidates grow before its booster is trained again (MetaSchedule's adaptive training: a fifth)
+TASK_ROUNDS, TASK_DEPTH, TASK_GROWTH = 50, 4, 0.2
+
+
+def pretrained_model() -> type:
+    """MetaSchedule's ``XGBModel`` made of a frozen pretrained booster (``base``, a trials predictor's) and,
+    for each task tuned, a small booster fitted on that task's own measurements on top of the pretrained
+    scores (the pairwise loss inside the task, :data:`TASK_ROUNDS` rounds of depth :data:`TASK_DEPTH`).
+
+    It predicts with the pretrained booster from the first round; after each measured batch the task's
+    booster learns where the pretrained order was wrong on this task. (``XGBModel`` itself retrains on
+    old and new data together, and only after the data grew by a fifth: with a pretrained model's
+    100,000 candidates, never during a task's tuning.) ``score`` and ``learn`` take features directly
+    (a search simulated on recorded candidates uses them); ``predict`` and ``update`` are MetaSchedule's."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup, PackSum
+    from tvm.s_tir.meta_schedule.utils import shash2hex
+
+    # derived from the undecorated class: MetaSchedule calls the methods of what derived_object wraps, so a
+    # plain subclass of the decorated XGBModel would tune with XGBModel's own predict and update
+    @derived_object
+    class PretrainedXGBModel(XGBModel._cls):  # noqa: SLF001
+        task_boosters: dict[str, Any]
+        task_trained: dict[str, int]
+
+        def score(self, group_hash: str, xs: Sequence[np.ndarray]) -> np.ndarray:
+            """Scores (higher is faster) of a task's candidates from their per-store features."""
+            if not len(xs):
+                return np.zeros(0)
+            packed = PackSum(xs=list(xs), ys=None)
+            margin = self.booster.predict(packed.dmatrix, output_margin=True)
+            own = self.task_boosters.get(group_hash)
+            if own is not None:
+                packed.dmatrix.set_base_margin(margin)
+                margin = own.predict(packed.dmatrix, output_margin=True)
+            return packed.predict_with_score(margin)
+
+        def learn(self, group_hash: str, xs: Sequence[np.ndarray], costs: np.ndarray) -> None:
+            """Add a task's measured candidates (seconds; failures a large cost) and train its booster again
+            once they grew by :data:`TASK_GROWTH`."""
+            group = self.data.get(group_hash)
+            if group is None:
+                group = self.data[group_hash] = FeatureGroup(group_hash=group_hash, features=list(xs),
+                                                             costs=np.asarray(costs, dtype="float32"))
+            else:
+                group.append(list(xs), np.asarray(costs, dtype="float32"))
+            self.data_size += len(xs)
+            seen = self.task_trained.get(group_hash, 0)
+            if len(group.features) - seen < max(1, TASK_GROWTH * seen):
+                return
+            self.task_trained[group_hash] = len(group.features)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ys = np.divide(group.min_cost, group.costs, out=np.zeros_like(group.costs), where=group.costs != 0)
+            config = {**self.config.to_dict(), "max_depth": TASK_DEPTH}
+            own = rank_booster(config, group.features, ys, [len(ys)], TASK_ROUNDS, base=self.booster)
+            if own is not None:
+                self.task_boosters[group_hash] = own
+
+        def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
+            xs = [x.numpy().astype("float32") for x in self.extractor.extract_from(context, candidates)]
+            return self.score(shash2hex(context.mod), xs).astype("float64")
+
+        def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+            xs = [x.numpy().astype("float32") for x in self.extractor.extract_from(context, candidates)]
+            costs = [float(np.median([float(s) for s in r.run_secs])) if r.run_secs else 1e10 for r in results]
+            kept = [k for k, x in enumerate(xs) if len(x)]
+            if kept:
+                self.learn(shash2hex(context.mod), [xs[k] for k in kept], np.array([costs[k] for k in kept]))
+
+    return PretrainedXGBModel
+
+
+@functools.cache
+def _pretrained_class() -> type:
+    return pretrained_model()
 
 
 #: the losses a trials model can train with: ``rank`` (the default, module docstring) or ``squared``
@@ -531,6 +624,29 @@ class TrialsPredictor(Predictor):
     def validate(self) -> None:
         self.cost_model()
 
+    def tuning_model(self, seed: int = 0) -> Any:
+        """The cost model ``--pretrained`` tunes with (:func:`pretrained_model`): this predictor's booster,
+        frozen, and a booster of each task's own measurements on top of it (a fresh model per call)."""
+        from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+        booster = self._booster()
+        model = _pretrained_class()(extractor="per-store-feature", config=XGBConfig(seed=seed, nthread=None,
+                                                                                      **XGB_PARAMS),
+                                    num_warmup_samples=0, verbose_eval=10**9)
+        model.booster, model.task_boosters, model.task_trained = booster, {}, {}
+        return model
+
+    def _booster(self) -> Any:
+        """The trials booster, checked to read MetaSchedule's per-store features."""
+        if "trials" not in self.boosters:
+            raise OpBenchError("trials predictor: it holds no booster; retrain it with 'opbench train --what trials'")
+        width = self.boosters["trials"].num_features()
+        if width != FEATURE_WIDTH:
+            raise OpBenchError(f"trials predictor: its booster reads {width} features, not the {FEATURE_WIDTH} "
+                               "MetaSchedule's PerStoreFeature gives; retrain it with 'opbench train --what "
+                               "trials'")
+        return self.boosters["trials"]
+
     def cost_model(self) -> Any:
         """A MetaSchedule ``XGBModel`` with this predictor's booster and training data (a fresh one per call)."""
         from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
@@ -553,12 +669,7 @@ class TrialsPredictor(Predictor):
             raise OpBenchError(f"trials predictor: its training data do not read ({err}); retrain it with "
                                "'opbench train --what trials'") from None
         if "trials" in self.boosters:
-            width = self.boosters["trials"].num_features()
-            if width != FEATURE_WIDTH:
-                raise OpBenchError(f"trials predictor: its booster reads {width} features, not the {FEATURE_WIDTH} "
-                                   "MetaSchedule's PerStoreFeature gives; retrain it with 'opbench train --what "
-                                   "trials'")
-            model.booster = self.boosters["trials"]
+            model.booster = self._booster()
         model.last_train_size = model.data_size
         return model
 
@@ -683,6 +794,63 @@ def learning_curve(tasks: dict[tuple[str, str], dict[str, Any]], sizes: Sequence
     return out
 
 
-__all__ = ["COMPARED", "XGB_PARAMS", "Fit", "TaskModules", "TrialsPredictor", "cached_features", "evaluate", "fit_mlp",
-           "fit_xgb", "learning_curve", "pair_gradients", "ranking_model", "target_for", "task_pairs",
-           "trial_examples", "trial_features"]
+#: the arms of :func:`simulate_search`: the pretrained booster alone, with each task's own booster on top
+#: (what ``--pretrained`` tunes with), a task's own booster alone (trained from its first batch on), and random
+SEARCH_ARMS = ("pretrained", "pretrained+task", "task", "random")
+
+
+def simulate_search(tasks: Sequence[dict[str, Any]], predictor: TrialsPredictor | None, arm: str, batch: int = 8,
+                    budget: int = 32, seed: int = 0) -> dict[str, Any]:
+    """A search simulated on recorded candidates: for each task (``xs``, ``latency``, ``group_hash``), pick
+    ``batch`` candidates at a time by the arm's scores among those not picked yet, reveal their measured
+    latencies, let the model learn them, until ``budget`` are picked; the best latency found after each pick
+    over the task's best recorded one. Returns the mean of that ratio's logarithm turned back into a ratio
+    (a geometric mean) after each pick and the share of tasks whose best was found (``found``)."""
+    if arm not in SEARCH_ARMS:
+        raise OpBenchError(f"unknown search arm '{arm}' (accepted: {', '.join(SEARCH_ARMS)})")
+    if arm.startswith("pretrained") and predictor is None:
+        raise OpBenchError(f"the '{arm}' arm needs a trials predictor")
+    rng = np.random.default_rng(seed)
+    logs, found = [], []
+    for t in tasks:
+        latency = np.where(np.isfinite(t["latency"]) & (t["latency"] > 0), t["latency"], 1e10)
+        n = min(budget, len(latency))
+        model = predictor.tuning_model(seed) if predictor is not None and arm.startswith("pretrained") else None
+        own: Any = None
+        left, best = list(range(len(latency))), []
+        while len(best) < n:
+            if arm == "random" or (arm == "task" and own is None):
+                order = rng.permutation(len(left))
+            elif arm == "task":
+                order = np.argsort(-_booster_scores(own, [t["xs"][i] for i in left]), kind="stable")
+            else:
+                order = np.argsort(-model.score(t["group_hash"], [t["xs"][i] for i in left]), kind="stable")
+            chosen = [left[k] for k in order[:min(batch, n - len(best))]]
+            left = [i for i in left if i not in chosen]
+            for i in chosen:
+                best.append(min(best[-1], latency[i]) if best else latency[i])
+            if arm == "pretrained+task":
+                model.learn(t["group_hash"], [t["xs"][i] for i in chosen], latency[chosen])
+            elif arm == "task":
+                picked = [i for i in range(len(latency)) if i not in left]
+                ys = latency[picked].min() / latency[picked]
+                own = rank_booster({**XGB_PARAMS, "max_depth": TASK_DEPTH, "seed": seed}, [t["xs"][i] for i in picked],
+                                   ys, [len(picked)], TASK_ROUNDS) or own
+        logs.append(np.log(np.array(best) / latency.min()))
+        found.append(np.array(best) <= latency.min())
+    depth = min((len(v) for v in logs), default=0)
+    return {"arm": arm, "tasks": len(logs), "batch": batch, "budget": depth,
+            "best_over_task_best": [float(np.exp(np.mean([v[k] for v in logs]))) for k in range(depth)],
+            "found": [float(np.mean([v[k] for v in found])) for k in range(depth)]}
+
+
+def _booster_scores(booster: Any, xs: Sequence[np.ndarray]) -> np.ndarray:
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
+
+    packed = PackSum(xs=list(xs), ys=None)
+    return packed.predict_with_score(booster.predict(packed.dmatrix, output_margin=True))
+
+
+__all__ = ["COMPARED", "SEARCH_ARMS", "XGB_PARAMS", "Fit", "TaskModules", "TrialsPredictor", "cached_features",
+           "evaluate", "fit_mlp", "fit_xgb", "learning_curve", "pair_gradients", "pretrained_model", "rank_booster",
+           "ranking_model", "simulate_search", "target_for", "task_pairs", "trial_examples", "trial_features"]

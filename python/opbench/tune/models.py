@@ -195,8 +195,13 @@ class CurveFeatures(PyFeatureExtractor):
         return [_tensor(curve_row(c.sch.mod["main"])[None, :]) for c in candidates]
 
 
-class RankXGBModel(XGBModel):
-    """XGBoost with a pairwise logistic ranking loss over candidates (rows of one candidate sum)."""
+@derived_object
+class RankXGBModel(XGBModel._cls):  # noqa: SLF001
+    """XGBoost with a pairwise logistic ranking loss over candidates (rows of one candidate sum).
+
+    Derived from the class that ``XGBModel``'s ``derived_object`` wraps: MetaSchedule calls the methods of
+    the wrapped object, so a plain subclass of ``XGBModel`` tunes with XGBModel's own ``_train`` (squared
+    error), which ``xgb-rank`` did until 2026-11-28."""
 
     rounds = 120
 

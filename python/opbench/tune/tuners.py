@@ -49,6 +49,9 @@ class Tuner:
     description: str
     strategy: Callable[[int], Any]  # trials per task -> a fresh search strategy
     cost_model: Callable[[], Any]
+    #: candidates measured per round of the search (MetaSchedule's ``num_trials_per_iter``): the cost model
+    #: learns between rounds
+    trials_per_iter: int = 64
 
     @staticmethod
     def create(kind: TunerKind) -> Tuner:
@@ -136,18 +139,23 @@ TUNERS: dict[str, Tuner] = {t.name: t for t in [
 ]}
 
 
+#: candidates per round of a pretrained tuner: its model ranks well from the first round, and each task's
+#: own booster learns from every round (:func:`opbench.predict.trials.pretrained_model`), so rounds are short
+PRETRAINED_TRIALS_PER_ITER = 16
+
+
 def pretrained_tuner(tuner: str | Tuner, cost_model: Callable[[], Any], source: str) -> Tuner:
     """``tuner`` (``xgb``) starting from a cost model that already learned from earlier tuning:
-    ``cost_model()`` makes a fresh one (MetaSchedule's ``XGBModel`` with the earlier data, e.g. a
-    trials predictor's, :meth:`opbench.predict.trials.TrialsPredictor.cost_model`), which predicts from
-    the first round and retrains on old and new measurements together. Trial rows name the tuner
-    ``<tuner>-pretrained``; ``source`` says where the model came from."""
+    ``cost_model()`` makes a fresh one (a trials predictor's,
+    :meth:`opbench.predict.trials.TrialsPredictor.tuning_model`), which predicts from the first round and
+    learns each task's measurements as they come, :data:`PRETRAINED_TRIALS_PER_ITER` at a time. Trial rows
+    name the tuner ``<tuner>-pretrained``; ``source`` says where the model came from."""
     tuner = get_tuner(tuner)
     if tuner.name != "xgb":
         raise OpBenchError(f"--pretrained works with --tuner xgb (MetaSchedule's XGBoost cost model on its "
                            f"per-store features), not '{tuner.name}'")
     return Tuner(f"{tuner.name}-pretrained", f"{tuner.description}, starting from {source}", tuner.strategy,
-                 cost_model)
+                 cost_model, PRETRAINED_TRIALS_PER_ITER)
 
 
 #: the tuners by name (:meth:`Tuner.create`)

@@ -1,0 +1,112 @@
+"""When the capturer's table times ``torch.compile`` slower than the same callable timed after the build.
+
+On googlenet (batch 1, float32, H100) the fused capturer's table timed its ``torch.compile`` row at 0.726 ms,
+while the very same callable, timed a minute later by the same timer and the same interleaved rounds
+(``scripts/bench_fused.py``'s ``ms_capturer_timer``), took 0.571 ms, and 0.578 ms by an independent timer;
+every other row agreed within 3 %. The timer and the call are the same: the moment differs. This script
+times one model's candidates at several moments through the capturer's own timer (``timer=``), each call
+with the process's CPU seconds and what Dynamo and Inductor counted meanwhile (recompiles, CUDA Graph
+re-recordings and skips), so that a CPU-bound row, a recompiled graph or a CUDA Graph tree that records
+again shows:
+
+* ``build``: the capturer's own table (``capturer(..., timer=)``);
+* ``after build``: the same baselines and the kept schedule, again in interleaved rounds;
+* ``alone``: the ``torch.compile`` baseline timed alone, five times;
+* ``fresh``: a new ``torch.compile`` of the model in this process, timed alone, five times.
+
+Writes ``OUT/exp_compile_moment.json``.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_compile_moment.py --out out --model googlenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _cli import ROOT
+
+sys.path.insert(0, str(ROOT / "python"))
+
+
+def counters() -> dict:
+    """Dynamo's and Inductor's counters now (a flat copy)."""
+    from torch._dynamo.utils import counters as torch_counters
+
+    return {f"{group}.{key}": value for group, c in torch_counters.items() for key, value in c.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--model", default="googlenet")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import bench_fused
+    import torch
+
+    from opbench.parallel import capturer
+    from opbench.pipeline.compare import ROUNDS, time_rounds
+    from opbench.profile.schedule import default_timer
+    from opbench.runtime.graphs import CompiledModel
+
+    bench_fused.DTYPE = args.dtype
+    torch.manual_seed(0)
+    model, inputs = bench_fused.load(args.model, args.batch)
+    base = default_timer(True, max(1, -(-args.repeat // ROUNDS)), args.number)
+    moment = ["build"]
+    log: list[dict] = []
+
+    def timer(label: str, run):
+        before, cpu, wall = counters(), time.process_time(), time.perf_counter()
+        samples = base(label, run)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        calls = len(samples) * args.number
+        after = counters()
+        log.append({"moment": moment[0], "label": label, "median_ms": statistics.median(samples) * 1e3,
+                    "samples_ms": [s * 1e3 for s in samples], "wall_ms_per_call": wall / calls * 1e3,
+                    "cpu_ms_per_call": cpu / calls * 1e3,
+                    "counters": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})
+        return samples
+
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, timer=timer)
+    table = [{k: r.get(k) for k in ("schedule", "latency_ms", "kept", "measured")} for r in fused.table]
+    compiled = next(b for b in fused.baselines if b.label == "torch.compile")
+
+    def call(f):
+        return lambda: f(*inputs)
+
+    moment[0] = "after build"
+    rows = [({"schedule": b.label}, call(b)) for b in fused.baselines] + [({"schedule": "capturer"}, call(fused))]
+    time_rounds(rows, timer)
+    moment[0] = "alone"
+    for _ in range(5):
+        timer("torch.compile", call(compiled))
+    moment[0] = "fresh"
+    fresh = CompiledModel(model, inputs)
+    for _ in range(5):
+        timer("torch.compile", call(fresh))
+    summary: dict = {}
+    for entry in log:
+        summary.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["median_ms"])
+    result = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "device": torch.cuda.get_device_name(0),
+              "torch": torch.__version__, "table": table,
+              "median_ms": {k: statistics.median(v) for k, v in summary.items()}, "log": log}
+    (out / "exp_compile_moment.json").write_text(json.dumps(result, indent=1, default=str))
+    for key, value in result["median_ms"].items():
+        print(f"{key:<60}{value:9.4f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
