@@ -16,6 +16,12 @@ def shown(path: str | Path) -> str:
     return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
 
 
+def bad_input(message: str) -> None:
+    """Stop on bad input before any work: ``error: MESSAGE`` on stderr, exit code 2 (as argparse does)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def run_opbench(args: list[str], env: dict[str, str], log: Path, limit: float, wrap: list[str] | None = None
                 ) -> tuple[int | str, float, str]:
     """Run ``opbench ARGS`` (under ``wrap``, e.g. ``nsys profile ...``) from the repository root, appending the

@@ -18,6 +18,11 @@ that many seconds and a later call goes on), for example a model left out of the
     PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \\
         --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \\
         --pretrained trials.opm --arms xgb-pretrained --out DIR
+    # or the pretrained arm alone against an earlier run's plain arm (its JSON, on the same kind of GPU)
+    PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \
+        --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \
+        --pretrained trials.opm --arms xgb-pretrained \
+        --plain-from data/benchmarks/predict_pretrained_resnet-50_fp16_h100.json --out DIR
 
 ``--part search`` (any machine) simulates the pretrained tuner's search on recorded candidates: on the
 tasks of ``--exclude``'s models (which ``--pretrained`` was trained without), each arm picks
@@ -40,7 +45,7 @@ predicted operator latencies only, ``DIR/predict_schedules_latency_only.json``).
 ``--part records`` (any machine) evaluates the trials cost model on a records folder (``--records``, the
 shipped ``data/dataset``): held-out models whose tasks no training model shares, by dtype, and a
 learning curve, beside MetaSchedule's own losses and MLP cost model on the same splits. Writes
-``DIR/predict_records.json``.
+``DIR/predict_records.json`` (each held-out task's figures in ``DIR/predict_records_held_out.json.gz``).
 
     PYTHONPATH=python python3 scripts/bench_predict.py --part records --out data/benchmarks
 
@@ -55,6 +60,7 @@ only, tested on the float16 and on the bfloat16 rows. Writes ``DIR/predict_preci
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -62,11 +68,13 @@ import sys
 import time
 from pathlib import Path
 
-from _cli import ROOT, shown
+from _cli import ROOT, bad_input, shown
 
 sys.path.insert(0, str(ROOT / "python"))
 DATASET = ROOT / "data" / "dataset" / "h100.sqlite.gz"
 PREDICTORS = ROOT / "data" / "predictors"
+#: ``--part records``: each held-out task's pairwise accuracy and top-1, next to ``predict_records.json``
+HELD_OUT = "predict_records_held_out.json.gz"
 
 
 def metrics(args: argparse.Namespace) -> dict:
@@ -205,6 +213,20 @@ def _curves(data: Path, arm: str, curves: dict) -> None:
     conn.close()
 
 
+def _plain_curves(path: str, args: argparse.Namespace, curves: dict) -> None:
+    """Plain xgb's curves from an earlier run's ``predict_pretrained.json`` (``--plain-from``), refused when it
+    tuned another model, dtype, target or number of trials."""
+    earlier = json.loads(Path(path).read_text())
+    wanted = {"model": args.tune_model, "dtype": args.tune_dtype, "target": args.target}
+    if any(earlier.get(k) != v for k, v in wanted.items()) or (earlier.get("trials") or {}).get("xgb") != args.trials:
+        bad_input(f"--plain-from {path}: tuned {earlier.get('model')} {earlier.get('dtype')} on "
+                         f"{earlier.get('target')} with {(earlier.get('trials') or {}).get('xgb')} trials, not "
+                         f"{args.tune_model} {args.tune_dtype} on {args.target} with {args.trials}")
+    for task, t in earlier.get("tasks", {}).items():
+        curves.setdefault(task, {"weight": t["weight"]})["xgb"] = [v / 1e3 if v else None
+                                                                  for v in t["plain_best_ms_by_trial"]]
+
+
 def pretrained(args: argparse.Namespace) -> dict:
     """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side.
 
@@ -224,6 +246,9 @@ def pretrained(args: argparse.Namespace) -> dict:
         if arm not in args.arms.split(","):  # tuned by an earlier call into the same folder, or not at all
             if data.exists():
                 _curves(data, arm, curves)
+            elif arm == "xgb" and args.plain_from:
+                _plain_curves(args.plain_from, args, curves)
+                out["plain_from"] = shown(args.plain_from)
             continue
         cmd = [sys.executable, "-m", "opbench", "collect", "--modelsource", args.tune_source, "--modelname",
                args.tune_model, "--dtype", args.tune_dtype, "--target", args.target, "--dataset", str(data),
@@ -278,11 +303,11 @@ def search(args: argparse.Namespace) -> dict:
     from opbench.predict.trials import SEARCH_ARMS, simulate_search, trial_examples
 
     if not args.pretrained:
-        raise SystemExit("--part search needs --pretrained (a trials predictor trained without --exclude's models)")
+        bad_input("--part search needs --pretrained (a trials predictor trained without --exclude's models)")
     predictor = load_predictor(args.pretrained, "trials")
     left_out = set(args.exclude.split(","))
     if not left_out <= set(predictor.meta.get("excluded") or []):
-        raise SystemExit(f"{args.pretrained} was trained on {sorted(left_out)} (its excluded models: "
+        bad_input(f"{args.pretrained} was trained on {sorted(left_out)} (its excluded models: "
                          f"{predictor.meta.get('excluded')}); pass a predictor trained with --exclude {args.exclude}")
     tasks, device = trial_examples(args.records, task_modules)
     chosen = [t for t in tasks.values() if left_out & set(t["models"]) and len(t["xs"]) >= args.search_min]
@@ -290,7 +315,7 @@ def search(args: argparse.Namespace) -> dict:
     print(f"{len(chosen)} tasks of {sorted(left_out)} with {args.search_min}+ records (records per task of "
           f"theirs: {sizes})", flush=True)
     if not chosen:
-        raise SystemExit(f"no task of {sorted(left_out)} has {args.search_min} records or more: lower --search-min")
+        bad_input(f"no task of {sorted(left_out)} has {args.search_min} records or more: lower --search-min")
     out: dict = {"records": shown(args.records), "device": device, "predictor": shown(args.pretrained),
                  "models": sorted(left_out), "tasks": len(chosen), "arms": {}}
     for arm in SEARCH_ARMS:
@@ -347,6 +372,10 @@ def records(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     report = trials.evaluate(tasks, "by_model", args.folds, 0)
     report.pop("fold_tasks")
+    held_out = Path(args.out) / HELD_OUT  # every held-out task's figures: most of the file, kept beside it, gzipped
+    with gzip.open(held_out, "wt") as f:
+        json.dump(report.pop("held_out"), f)
+    report["held_out_file"] = HELD_OUT
     evaluate_s = time.perf_counter() - start
     m = report["metrics"]
     print(f"held-out models: pairwise {m['pairwise']:.3f} top-1 {m['top1']:.3f} top-5 {m['top5']:.3f}", flush=True)
@@ -408,6 +437,9 @@ def main() -> int:
                         help="--part pretrained: start no new task after this many seconds of an arm's tuning "
                              "(a later call with the same --out continues)")
     parser.add_argument("--tune-tasks", type=int, default=4)
+    parser.add_argument("--plain-from", default=None,
+                        help="--part pretrained: plain xgb's curves from an earlier run's predict_pretrained.json "
+                             "(same model, dtype, target and --trials) when --out holds no tune_xgb.sqlite")
     parser.add_argument("--arms", default="xgb,xgb-pretrained",
                         help="--part pretrained: the arms to tune now (an arm not named is read from --out's "
                              "tune_ARM.sqlite if an earlier call tuned it there)")
