@@ -19,9 +19,9 @@ that many seconds and a later call goes on), for example a model left out of the
         --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \\
         --pretrained trials.opm --arms xgb-pretrained --out DIR
     # or the pretrained arm alone against an earlier run's plain arm (its JSON, on the same kind of GPU)
-    PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \
-        --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \
-        --pretrained trials.opm --arms xgb-pretrained \
+    PYTHONPATH=python python3 scripts/bench_predict.py --part pretrained --tune-model resnet-50 \\
+        --tune-dtype float16 --target cuda --tune-tasks 2 --trials 256 --pretrained-trials 64 \\
+        --pretrained trials.opm --arms xgb-pretrained \\
         --plain-from data/benchmarks/predict_pretrained_resnet-50_fp16_h100.json --out DIR
 
 ``--part search`` (any machine) simulates the pretrained tuner's search on recorded candidates: on the
@@ -30,7 +30,7 @@ tasks of ``--exclude``'s models (which ``--pretrained`` was trained without), ea
 ``--search-budget``; writes the share of tasks whose best record was found after each pick and the best
 found over it (``DIR/predict_search.json``):
 
-    PYTHONPATH=python python3 scripts/bench_predict.py --part search --pretrained trials.opm \
+    PYTHONPATH=python python3 scripts/bench_predict.py --part search --pretrained trials.opm \\
         --exclude resnet-50,bert --search-min 24 --search-batch 4 --search-budget 12 --out DIR
 
 ``--part schedules`` (a GPU) runs ``opbench compare`` on each of ``--schedule-models`` with the ios
@@ -220,8 +220,8 @@ def _plain_curves(path: str, args: argparse.Namespace, curves: dict) -> None:
     wanted = {"model": args.tune_model, "dtype": args.tune_dtype, "target": args.target}
     if any(earlier.get(k) != v for k, v in wanted.items()) or (earlier.get("trials") or {}).get("xgb") != args.trials:
         bad_input(f"--plain-from {path}: tuned {earlier.get('model')} {earlier.get('dtype')} on "
-                         f"{earlier.get('target')} with {(earlier.get('trials') or {}).get('xgb')} trials, not "
-                         f"{args.tune_model} {args.tune_dtype} on {args.target} with {args.trials}")
+                  f"{earlier.get('target')} with {(earlier.get('trials') or {}).get('xgb')} trials, not "
+                  f"{args.tune_model} {args.tune_dtype} on {args.target} with {args.trials}")
     for task, t in earlier.get("tasks", {}).items():
         curves.setdefault(task, {"weight": t["weight"]})["xgb"] = [v / 1e3 if v else None
                                                                   for v in t["plain_best_ms_by_trial"]]
@@ -308,7 +308,7 @@ def search(args: argparse.Namespace) -> dict:
     left_out = set(args.exclude.split(","))
     if not left_out <= set(predictor.meta.get("excluded") or []):
         bad_input(f"{args.pretrained} was trained on {sorted(left_out)} (its excluded models: "
-                         f"{predictor.meta.get('excluded')}); pass a predictor trained with --exclude {args.exclude}")
+                  f"{predictor.meta.get('excluded')}); pass a predictor trained with --exclude {args.exclude}")
     tasks, device = trial_examples(args.records, task_modules)
     chosen = [t for t in tasks.values() if left_out & set(t["models"]) and len(t["xs"]) >= args.search_min]
     sizes = sorted(len(t["xs"]) for t in tasks.values() if left_out & set(t["models"]))

@@ -355,7 +355,6 @@ def ranking_model() -> type:
 
     class TaskRankXGBModel(XGBModel):
         def _train(self, xs: list[np.ndarray], ys: np.ndarray) -> None:  # noqa: N803 (MetaSchedule's names)
-
             sizes = [len(g.features) for g in self.data.values()]
             if sum(sizes) != len(xs):  # not the groups' data: one task
                 sizes = [len(xs)]
@@ -392,13 +391,30 @@ def rank_booster(config: dict[str, Any], xs: Sequence[np.ndarray], ys: np.ndarra
     return xgb.train(config, packed.dmatrix, num_boost_round=rounds, obj=objective)
 
 
+def booster_scores(xs: Sequence[np.ndarray], boosters: Sequence[Any]) -> np.ndarray:
+    """Each candidate's score (higher is faster) from its per-store features ``xs``: the sum over its stores of
+    ``boosters`` stacked, each one's trees on top of the ones before (their margins), as :func:`rank_booster`
+    with ``base`` trains them."""
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
+
+    if not len(xs):
+        return np.zeros(0)
+    packed = PackSum(xs=list(xs), ys=None)
+    margin = None
+    for booster in boosters:
+        if margin is not None:
+            packed.dmatrix.set_base_margin(margin)
+        margin = booster.predict(packed.dmatrix, output_margin=True)
+    return packed.predict_with_score(margin)
+
+
 #: the per-task boosters of a pretrained cost model (:func:`pretrained_model`): rounds, depth, and how much the
 #: task's candidates grow before its booster is trained again (MetaSchedule's adaptive training: a fifth)
 TASK_ROUNDS, TASK_DEPTH, TASK_GROWTH = 50, 4, 0.2
 
 
 def pretrained_model() -> type:
-    """MetaSchedule's ``XGBModel`` made of a frozen pretrained booster (``base``, a trials predictor's) and,
+    """MetaSchedule's ``XGBModel`` made of a frozen pretrained booster (its ``booster``, a trials predictor's) and,
     for each task tuned, a small booster fitted on that task's own measurements on top of the pretrained
     scores (the pairwise loss inside the task, :data:`TASK_ROUNDS` rounds of depth :data:`TASK_DEPTH`).
 
@@ -409,7 +425,7 @@ def pretrained_model() -> type:
     (a search simulated on recorded candidates uses them); ``predict`` and ``update`` are MetaSchedule's."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup, PackSum
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
     from tvm.s_tir.meta_schedule.utils import shash2hex
 
     # derived from the undecorated class: MetaSchedule calls the methods of what derived_object wraps, so a
@@ -421,15 +437,8 @@ def pretrained_model() -> type:
 
         def score(self, group_hash: str, xs: Sequence[np.ndarray]) -> np.ndarray:
             """Scores (higher is faster) of a task's candidates from their per-store features."""
-            if not len(xs):
-                return np.zeros(0)
-            packed = PackSum(xs=list(xs), ys=None)
-            margin = self.booster.predict(packed.dmatrix, output_margin=True)
             own = self.task_boosters.get(group_hash)
-            if own is not None:
-                packed.dmatrix.set_base_margin(margin)
-                margin = own.predict(packed.dmatrix, output_margin=True)
-            return packed.predict_with_score(margin)
+            return booster_scores(xs, [self.booster] if own is None else [self.booster, own])
 
         def learn(self, group_hash: str, xs: Sequence[np.ndarray], costs: np.ndarray) -> None:
             """Add a task's measured candidates (seconds; failures a large cost) and train its booster again
@@ -822,7 +831,7 @@ def simulate_search(tasks: Sequence[dict[str, Any]], predictor: TrialsPredictor 
             if arm == "random" or (arm == "task" and own is None):
                 order = rng.permutation(len(left))
             elif arm == "task":
-                order = np.argsort(-_booster_scores(own, [t["xs"][i] for i in left]), kind="stable")
+                order = np.argsort(-booster_scores([t["xs"][i] for i in left], [own]), kind="stable")
             else:
                 order = np.argsort(-model.score(t["group_hash"], [t["xs"][i] for i in left]), kind="stable")
             chosen = [left[k] for k in order[:min(batch, n - len(best))]]
@@ -844,13 +853,7 @@ def simulate_search(tasks: Sequence[dict[str, Any]], predictor: TrialsPredictor 
             "found": [float(np.mean([v[k] for v in found])) for k in range(depth)]}
 
 
-def _booster_scores(booster: Any, xs: Sequence[np.ndarray]) -> np.ndarray:
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum
-
-    packed = PackSum(xs=list(xs), ys=None)
-    return packed.predict_with_score(booster.predict(packed.dmatrix, output_margin=True))
-
-
 __all__ = ["COMPARED", "SEARCH_ARMS", "XGB_PARAMS", "Fit", "TaskModules", "TrialsPredictor", "cached_features",
-           "evaluate", "fit_mlp", "fit_xgb", "learning_curve", "pair_gradients", "pretrained_model", "rank_booster",
-           "ranking_model", "simulate_search", "target_for", "task_pairs", "trial_examples", "trial_features"]
+           "booster_scores", "evaluate", "fit_mlp", "fit_xgb", "learning_curve", "pair_gradients",
+           "pretrained_model", "rank_booster", "ranking_model", "simulate_search", "target_for", "task_pairs",
+           "trial_examples", "trial_features"]
