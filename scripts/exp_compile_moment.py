@@ -14,15 +14,21 @@ again shows:
 * ``alone``: the ``torch.compile`` baseline timed alone, five times;
 * ``fresh``: a new ``torch.compile`` of the model in this process, timed alone, five times.
 
+Each entry also keeps the GPU's SM clock before and after its samples (NVML), so that a GPU that left a long
+compile at a low clock shows. ``--cold`` starts from empty Inductor and OpBench caches (new folders under
+``--out``), as a first build on a new machine does.
+
 Writes ``OUT/exp_compile_moment.json``.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_compile_moment.py --out out --model googlenet
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_compile_moment.py --out out --model googlenet --cold
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,15 +54,21 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--cold", action="store_true",
+                        help="empty Inductor and OpBench caches (new folders under --out), as on a new machine")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cold:  # before torch is imported: Inductor reads its cache folder once
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((out / "inductor-cache").resolve())
+        os.environ["OPBENCH_CACHE"] = str((out / "opbench-cache").resolve())
 
     import bench_fused
     import torch
 
     from opbench.parallel import capturer
     from opbench.pipeline.compare import ROUNDS, time_rounds
+    from opbench.profile.cuda import _nvml_clock_and_throttle
     from opbench.profile.schedule import default_timer
     from opbench.runtime.graphs import CompiledModel
 
@@ -67,15 +79,21 @@ def main() -> int:
     moment = ["build"]
     log: list[dict] = []
 
+    def clock() -> int | None:
+        got = _nvml_clock_and_throttle()
+        return got[0] if got else None
+
     def timer(label: str, run):
+        clocks = [clock()]
         before, cpu, wall = counters(), time.process_time(), time.perf_counter()
         samples = base(label, run)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        clocks.append(clock())
         calls = len(samples) * args.number
         after = counters()
         log.append({"moment": moment[0], "label": label, "median_ms": statistics.median(samples) * 1e3,
                     "samples_ms": [s * 1e3 for s in samples], "wall_ms_per_call": wall / calls * 1e3,
-                    "cpu_ms_per_call": cpu / calls * 1e3,
+                    "cpu_ms_per_call": cpu / calls * 1e3, "sm_clock_mhz_before_after": clocks,
                     "counters": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})
         return samples
 
@@ -100,7 +118,7 @@ def main() -> int:
     for entry in log:
         summary.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["median_ms"])
     result = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "device": torch.cuda.get_device_name(0),
-              "torch": torch.__version__, "table": table,
+              "torch": torch.__version__, "cold": args.cold, "build_s": fused.build_s, "table": table,
               "median_ms": {k: statistics.median(v) for k, v in summary.items()}, "log": log}
     (out / "exp_compile_moment.json").write_text(json.dumps(result, indent=1, default=str))
     for key, value in result["median_ms"].items():

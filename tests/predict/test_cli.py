@@ -28,6 +28,11 @@ def test_train_json_has_the_documented_fields(synthetic, tmp_path):
     assert {"what", "split", "n_train", "n_test", "metrics", "per_kind", "held_out"} <= set(data)
     assert set(data["metrics"]) == {"mape", "within_10pct", "rmse", "r2", "pairwise", "top1", "top5"}
     assert data["metrics"]["top1"] is None and data["per_kind"]["conv2d"]["n"] == data["n_test"]
+    per_model = data["per_model"]  # each held-out model's own figures, its rows counted once
+    assert set(per_model) == {h["model"] for h in data["held_out"]} and len(per_model) > 1
+    assert sum(v["n"] for v in per_model.values()) == data["n_test"]
+    assert all(0 <= v["mape"] and 0 <= v["within_10pct"] <= 1 for v in per_model.values())
+    assert "by model: " in out.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -150,9 +150,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                   file=out)
         print("  by kind: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})" for k, v in result["per_kind"].items()),
               file=out)
-        if len(result.get("per_dtype") or {}) > 1:
-            print("  by dtype: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})"
-                                             for k, v in result["per_dtype"].items()), file=out)
+        for name in ("dtype", "model"):
+            if len(result.get(f"per_{name}") or {}) > 1:
+                print(f"  by {name}: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})"
+                                                   for k, v in result[f"per_{name}"].items()), file=out)
     elif args.what == "corun":
         print(f"  {'held-out model':<18}{'groups':>8}{'MAPE':>8}{'pairwise':>10}", file=out)
         for h in result["held_out"]:

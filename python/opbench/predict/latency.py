@@ -152,10 +152,13 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
     measured = np.array([float(r["latency_median_s"]) for r in rows])
     model_groups = [r["workload_id"] for r in rows]
     metrics = regression_metrics(measured, predicted, model_groups)
-    per_kind: dict[str, Any] = {}
-    for kind, idx in sorted(by_group([r["kind"] for r in rows]).items()):
-        sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
-        per_kind[kind] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
+    def per(labels: Sequence[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for label, idx in sorted(by_group(labels).items()):
+            sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
+            out[label] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
+        return out
+
     held_out = []
     for wid, idx in by_group(model_groups).items():
         m, p = float(measured[idx].sum()), float(predicted[idx].sum())
@@ -163,13 +166,10 @@ def evaluate(rows: Sequence[dict[str, Any]], split: str, k: int = 5, feature_set
         held_out.append({"model": first["model"], "workload_id": wid, "batch_size": first.get("batch_size"),
                          "dtype": row_dtype(first), "operators": len(idx),
                          "measured_sum_ms": m * 1e3, "predicted_sum_ms": p * 1e3, "error": (p - m) / m})
-    per_dtype: dict[str, Any] = {}
-    for dtype, idx in sorted(by_group([row_dtype(r) for r in rows]).items()):
-        sub = regression_metrics(measured[idx], predicted[idx], [model_groups[i] for i in idx])
-        per_dtype[dtype] = {"n": len(idx), "mape": sub["mape"], "within_10pct": sub["within_10pct"]}
     return {"n_train": int(np.mean(n_train)), "n_test": len(rows), "n_sampled": len(extra), "folds": len(n_train),
             "metrics": metrics,
-            "per_kind": per_kind, "per_dtype": per_dtype,
+            "per_kind": per([r["kind"] for r in rows]), "per_dtype": per([row_dtype(r) for r in rows]),
+            "per_model": per([r["model"] for r in rows]),
             "held_out": sorted(held_out, key=lambda h: (h["model"], h["dtype"], h["batch_size"] or 0)),
             "predicted": predicted, "predicted_rows": rows}
 
