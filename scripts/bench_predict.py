@@ -24,6 +24,9 @@ that many seconds and a later call goes on), for example a model left out of the
         --pretrained trials.opm --arms xgb-pretrained \\
         --plain-from data/benchmarks/predict_pretrained_resnet-50_fp16_h100.json --out DIR
 
+Stopped by Ctrl-C or SIGTERM (a time limit), an arm keeps the trials it measured, and the JSON is written
+from them (its run marked ``"stopped": "interrupted"``).
+
 ``--part search`` (any machine) simulates the pretrained tuner's search on recorded candidates: on the
 tasks of ``--exclude``'s models (which ``--pretrained`` was trained without), each arm picks
 ``--search-batch`` candidates at a time among a task's records and sees their latencies, up to
@@ -63,6 +66,7 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -227,6 +231,32 @@ def _plain_curves(path: str, args: argparse.Namespace, curves: dict) -> None:
                                                                   for v in t["plain_best_ms_by_trial"]]
 
 
+def _distinct_feature_sets(folder: Path, data: Path) -> dict:
+    """Per tuned task (12 hex digits of its workload's hash): the trials of an arm's tuning database and how many
+    distinct per-store feature sets (what the cost model sees) they hold; the rest are twins of earlier ones
+    (:func:`opbench.predict.trials.demote_twins`)."""
+    import sqlite3
+
+    from tvm.s_tir.meta_schedule.utils import shash2hex
+
+    from opbench.predict.trials import feature_key, target_for, trial_features
+    from opbench.tune.database import open_database
+
+    conn = sqlite3.connect(data)
+    (target_json,) = conn.execute("SELECT target FROM trials LIMIT 1").fetchone() or (None,)
+    conn.close()
+    if not target_json or not folder.is_dir():
+        return {}
+    target, tasks = target_for(target_json), {}
+    for record in open_database(folder, create=False).get_all_tuning_records():
+        tasks.setdefault(shash2hex(record.workload.mod), (record.workload.mod, []))[1].append(record.trace.as_json())
+    out = {}
+    for key, (mod, traces) in sorted(tasks.items()):
+        features = [f for f in trial_features(mod, target, traces) if f is not None]
+        out[key[:12]] = {"trials": len(traces), "distinct": len({feature_key(f) for f in features})}
+    return out
+
+
 def pretrained(args: argparse.Namespace) -> dict:
     """Tune the heaviest tasks of a held-out model with plain xgb and with --pretrained, side by side.
 
@@ -241,6 +271,7 @@ def pretrained(args: argparse.Namespace) -> dict:
                  "predictor": shown(args.pretrained) if args.pretrained else None,
                  "runs": runs if isinstance(runs, list) else []}
     curves: dict = {}
+    stopped = False
     for arm in ("xgb", "xgb-pretrained"):
         data = Path(args.out) / f"tune_{arm}.sqlite"
         if arm not in args.arms.split(","):  # tuned by an earlier call into the same folder, or not at all
@@ -260,10 +291,23 @@ def pretrained(args: argparse.Namespace) -> dict:
         if arm == "xgb-pretrained":
             cmd += ["--predictor", args.pretrained]
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env)  # its progress shows as it goes
-        out["runs"].append({"arm": arm, "exit": proc.returncode, "seconds": time.perf_counter() - start,
-                            "trials": trials[arm], "tune_time_s": args.tune_time})
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)  # its progress shows as it goes
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main): the trials measured so far still make curves
+            proc.terminate()  # it keeps every finished trial and says so
+            code = proc.wait()
+            stopped = True
+        out["runs"].append({"arm": arm, "exit": code, "seconds": time.perf_counter() - start,
+                            "trials": trials[arm], "tune_time_s": args.tune_time,
+                            **({"stopped": "interrupted"} if stopped else {})})
         _curves(data, arm, curves)
+        if stopped:
+            break
+    for arm in ("xgb", "xgb-pretrained"):  # how many trials went to programs the cost model saw before
+        data = Path(args.out) / f"tune_{arm}.sqlite"
+        if data.exists():
+            out.setdefault("distinct_feature_sets", {})[arm] = _distinct_feature_sets(data.with_suffix(".tuning"), data)
     tasks = {}
     for task, c in curves.items():
         plain, pre = c.get("xgb") or [], c.get("xgb-pretrained") or []
@@ -454,6 +498,7 @@ def main() -> int:
                              "scheduling cost's own stage model on predicted operator latencies)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit's SIGTERM stops a part as Ctrl-C does
     parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision,
              "records": records, "search": search}
     result = parts[args.part](args)

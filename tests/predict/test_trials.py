@@ -281,6 +281,45 @@ def test_a_pretrained_model_learns_a_new_tasks_own_order():
     np.testing.assert_allclose(model.score("other", other["xs"]), other_before)  # no booster of its own
 
 
+def test_twins_of_measured_or_better_candidates_rank_last():
+    """:func:`demote_twins`: a candidate with the features of a measured one, or of a higher-scored one in the
+    same call, ranks below every other candidate; the first of each feature set keeps its score, twins keep
+    their own order; a pretrained model's ``predict`` path remembers what ``learn`` measured."""
+    import numpy as np
+
+    from opbench.predict.trials import (
+        FEATURE_WIDTH,
+        XGB_PARAMS,
+        TrialsPredictor,
+        demote_twins,
+        feature_key,
+        rank_booster,
+    )
+
+    rng = np.random.default_rng(2)
+    a, b, c, d = (rng.uniform(0, 1, (2, FEATURE_WIDTH)).astype("float32") for _ in range(4))
+    xs = [a, a.copy(), b, c, d, d.copy()]
+    scores = np.array([5.0, 6.0, 4.0, 1.0, 3.0, 2.0])
+    out = demote_twins(scores, xs, {feature_key(c)})
+    # a (6.0, the better of the two a's) and b, d (3.0) keep their scores; the second a, c (measured) and the
+    # second d fall below 3.0 and below the lowest score, in their own order
+    assert out[1] == 6.0 and out[2] == 4.0 and out[4] == 3.0
+    assert max(out[0], out[3], out[5]) < scores.min() and out[0] > out[5] > out[3]
+    assert list(np.argsort(-out)[:3]) == [1, 2, 4]  # three distinct feature sets first
+    np.testing.assert_array_equal(demote_twins(scores[2:5], xs[2:5], set()), scores[2:5])  # no twin: unchanged
+    assert feature_key(a) != feature_key(a[:1]) and len(demote_twins(np.zeros(0), [], set())) == 0
+
+    old = [_synthetic_task(rng, f"old{t}", +1.0) for t in range(3)]
+    predictor = TrialsPredictor({})
+    predictor.boosters = {"trials": rank_booster({**XGB_PARAMS, "seed": 0}, [x for t in old for x in t["xs"]],
+                                                 np.concatenate([t["latency"].min() / t["latency"] for t in old]),
+                                                 [48] * 3, 20)}
+    model = predictor.tuning_model()
+    new = _synthetic_task(rng, "new", +1.0)
+    model.learn("new", new["xs"][:2], new["latency"][:2])
+    assert model.measured_keys == {"new": {feature_key(x) for x in new["xs"][:2]}}
+
+
 def test_the_search_simulation_finds_more_with_a_model_than_at_random():
     """:func:`simulate_search` on tasks ordered as the pretrained model was taught: its picks reach the task's
     best sooner than random picks; an unknown arm or a pretrained arm without a predictor is refused."""
