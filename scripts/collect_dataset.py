@@ -37,18 +37,18 @@ sys.path.insert(0, str(ROOT / "python"))
 def finished(dataset: Path, source: str, model: str, dtype: str, batches: list[int]) -> bool:
     """Whether ``dataset`` already holds an ``ok`` default-kernel model row of ``model`` in ``dtype`` at every
     batch size: such a collection is skipped without compiling anything."""
-    if not dataset.exists():
+    if model.startswith("kernels:") or not dataset.exists():  # every draw of sampled operators is its own
         return False
     conn = sqlite3.connect(f"file:{dataset}?mode=ro", uri=True)
     try:
         done = {b for (b,) in conn.execute(
             "SELECT batch_size FROM models WHERE source = ? AND model = ? AND dtype = ? AND config = 'default' "
-            "AND status = 'ok'", (source, model.split(":")[0], dtype))}
+            "AND status = 'ok'", (source, model, dtype))}
     except sqlite3.DatabaseError:
         done = set()
     finally:
         conn.close()
-    return not model.startswith("kernels:") and set(batches) <= done
+    return set(batches) <= done
 
 
 def collect_models(models: list[tuple[str, str]], args: argparse.Namespace, env: dict[str, str],
@@ -195,8 +195,9 @@ def main() -> int:
     else:
         models = []
         for token in (m.strip() for m in args.models.split(",") if m.strip()):
-            source, _, name = token.rpartition(":") if token.split(":")[0] in sources else ("", "", token)
-            source = source or "local"
+            source, sep, name = token.partition(":")
+            if not sep:
+                source, name = "local", token
             if source not in ("local", "transformers") or name not in sources[source]:
                 parser.error(f"unknown model {token!r} (accepted: {', '.join(known)}, or transformers:NAME with "
                              f"NAME one of {', '.join(sorted(sources['transformers']))})")
