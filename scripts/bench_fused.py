@@ -15,8 +15,10 @@ the model and its inputs cast to ``--dtype``):
 At the end of each model the four callables are timed again side by side, alternating, and the
 medians of those rounds are the table's figures; the same callables are then timed once more by the
 capturer's own timer and rounds (``ms_capturer_timer``), to tell a timer's difference from the moment's.
-Results go to ``OUT/bench_fused.json`` after every model (a re-run with the same OUT skips what is there);
-a table is printed.
+Each (model, batch, dtype) is measured in a process of its own, one after the other (``--dtypes`` takes
+several precisions); results go to ``OUT/bench_fused.json`` after every one (a re-run with the same OUT
+skips what is there); a table is printed. Its "own" column is the capturer's own table row of the kept
+candidate against the independent timing of the same callable.
 
 Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
 process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
@@ -89,18 +91,18 @@ def prebuild(name: str, batch: int) -> dict:
     return res
 
 
-def prebuild_all(items: list[tuple[str, int]], out: Path, jobs: int, deadline: float) -> None:
+def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadline: float) -> None:
     """``prebuild`` of every item without a file in ``out/prebuild``, ``jobs`` processes at a time."""
     folder = out / "prebuild"
     folder.mkdir(exist_ok=True)
-    todo = [(n, b) for n, b in items if not (folder / f"{n}_{b}.json").exists()]
+    todo = [(n, b, d) for n, b, d in items if not (folder / f"{n}_{b}_{d}.json").exists()]
     running: list[tuple[subprocess.Popen, float]] = []
     env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
     while todo or running:
         while todo and len(running) < jobs:
-            n, b = todo.pop(0)
-            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtype", DTYPE]
-            store = folder / f"cache_{n}_{b}_{DTYPE}"  # an empty store of compiled regions: a cold build
+            n, b, d = todo.pop(0)
+            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d]
+            store = folder / f"cache_{n}_{b}_{d}"  # an empty store of compiled regions: a cold build
             shutil.rmtree(store, ignore_errors=True)
             running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store))), time.perf_counter()))
         time.sleep(1)
@@ -157,11 +159,11 @@ def relative_err(out, ref) -> float:
 
 def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     """:func:`rebuild` in a process of its own (Inductor's caches as the measured build left them)."""
-    path = out / "rebuild" / f"{name}_{batch}.json"
+    path = out / "rebuild" / f"{name}_{batch}_{DTYPE}.json"
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)
     env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
-    cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtype", DTYPE,
+    cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtypes", DTYPE,
            "--repeat", str(args.repeat), "--number", str(args.number)] + (["--profile-rebuild"] if args.profile_rebuild
                                                                          else [])
     try:
@@ -172,13 +174,15 @@ def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
 
 
 def side_by_side(runs: dict, rounds: int, number: int) -> dict:
-    """Medians (ms) of ``rounds`` alternating CUDA-event samples of ``number`` calls of each callable."""
+    """Medians (ms) of ``rounds`` alternating CUDA-event samples of ``number`` calls of each callable; the
+    order turns by one place each round, so that no callable always follows the same one."""
     from opbench.profile.timer import cuda_event_samples
 
-    samples: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for label, run in runs.items():
-            samples[label] += cuda_event_samples(run, 1, number, warmup=1)
+    labels = list(runs)
+    samples: dict[str, list[float]] = {k: [] for k in labels}
+    for i in range(rounds):
+        for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+            samples[label] += cuda_event_samples(runs[label], 1, number, warmup=1)
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
@@ -238,6 +242,8 @@ def bench(name: str, batch: int, args) -> dict:
                                   if r["schedule"] == "torch.compile + combo kernels"), None)
     compiled = next(b for b in fused.baselines if b.label == "torch.compile")
     combo = next((b for b in fused.baselines if b.label == "torch.compile + combo kernels"), None)
+    # where the capturer kept a baseline, its result IS that object: the two rows then time one callable twice
+    res["fused_is_row"] = next((b.label for b in (compiled, combo) if b is not None and b is fused), None)
 
     def call(f):
         def run():
@@ -267,7 +273,11 @@ def bench(name: str, batch: int, args) -> dict:
     res["gap_to_critical_path"] = ms["capturer fused"] / bound["chain_ms"] - 1
     if "capturer fused + merge" in ms:
         res["merge_vs_fused"] = ms["capturer fused"] / ms["capturer fused + merge"]
-    cold = Path(args.out) / "prebuild" / f"{name}_{batch}.json"
+    own = {r["schedule"]: r["latency_ms"] for r in fused.table if r.get("measured")}
+    kept = {"model graph": "model, CUDA Graph", "torch.compile": "torch.compile",
+            "torch.compile + combo kernels": "torch.compile + combo kernels", "capturer fused": res["fused_kept"]}
+    res["own_vs_timer"] = {k: own[v] / ms[k] - 1 for k, v in kept.items() if k in ms and v in own}
+    cold = Path(args.out) / "prebuild" / f"{name}_{batch}_{DTYPE}.json"
     if cold.exists():
         res["cold"] = json.loads(cold.read_text())
     return res
@@ -275,26 +285,53 @@ def bench(name: str, batch: int, args) -> dict:
 
 def table(results: list[dict]) -> str:
     """The rows as text: ms of each callable, the kept result against the best of model graph / torch.compile /
-    + combo ("vs best", + is slower), against the fused critical path, and build seconds."""
-    head = (f"{'model':<20}{'batch':>6}{'graph':>9}{'compile':>9}{'combo':>9}{'aten':>9}{'fused':>9}{'CP fused':>10}"
-            f"{'vs compile':>11}{'vs best':>9}{'build s':>9}{'compile s':>10}{'rebuild':>8}{'cold':>7}{'cold c':>7}"
-            "  kept (fused)")
+    + combo ("vs best", + is slower), against the fused critical path, the capturer's own row of what it kept
+    against the independent timing ("own"), and build seconds."""
+    head = (f"{'model':<20}{'batch':>6}{'dtype':>9}{'graph':>9}{'compile':>9}{'combo':>9}{'aten':>9}{'fused':>9}"
+            f"{'CP fused':>10}{'vs compile':>11}{'vs best':>9}{'own':>8}{'build s':>9}{'compile s':>10}{'rebuild':>8}"
+            f"{'cold':>7}{'cold c':>7}  kept (fused)")
     lines = [head, "-" * len(head)]
     for r in results:
+        dtype = r.get("dtype", "float32")
         if "error" in r:
-            lines.append(f"{r['model']:<20}{r['batch']:>6}  FAILED {r['error'][:90]}")
+            lines.append(f"{r['model']:<20}{r['batch']:>6}{dtype:>9}  FAILED {r['error'][:90]}")
             continue
         ms, cold, nan = r["ms"], r.get("cold", {}), float("nan")
         combo = ms.get("torch.compile + combo kernels", nan)
         best = min(v for v in (ms["model graph"], ms["torch.compile"], combo) if v == v)
-        lines.append(f"{r['model']:<20}{r['batch']:>6}{ms['model graph']:>9.3f}{ms['torch.compile']:>9.3f}"
+        own = r.get("own_vs_timer", {}).get("capturer fused", nan)
+        lines.append(f"{r['model']:<20}{r['batch']:>6}{dtype:>9}{ms['model graph']:>9.3f}{ms['torch.compile']:>9.3f}"
                      f"{combo:>9.3f}{ms['capturer aten']:>9.3f}{ms['capturer fused']:>9.3f}"
                      f"{r['fused_critical_path_ms']:>10.3f}{r['fused_vs_compile']:>10.2f}x"
-                     f"{ms['capturer fused'] / best - 1:>+9.1%}{r['fused_build_s']:>9.1f}{r['torch_compile_s']:>10.1f}"
-                     f"{r.get('rebuild', {}).get('build_s', nan):>8.1f}"
+                     f"{ms['capturer fused'] / best - 1:>+9.1%}{own:>+8.1%}{r['fused_build_s']:>9.1f}"
+                     f"{r['torch_compile_s']:>10.1f}{r.get('rebuild', {}).get('build_s', nan):>8.1f}"
                      f"{cold.get('fused_cold_s', nan):>7.0f}{cold.get('torch_compile_cold_s', nan):>7.0f}"
                      f"  {r['fused_kept']}")
     return "\n".join(lines)
+
+
+def key(row: dict) -> tuple[str, int, str]:
+    """A result's (model, batch, dtype); rows written before the dtype was recorded are float32."""
+    return row["model"], row["batch"], row.get("dtype", "float32")
+
+
+def measure_one(name: str, batch: int, args) -> None:
+    """Measure one (model, batch, ``DTYPE``) in this process and file its row into ``OUT/NAME``."""
+    start = time.perf_counter()
+    try:
+        res = bench(name, batch, args)
+    except Exception as err:  # one model's failure is a result too
+        traceback.print_exc()
+        res = {"model": name, "batch": batch, "dtype": DTYPE, "error": f"{type(err).__name__}: {err}"}
+    res["wall_s"] = time.perf_counter() - start
+    import torch
+
+    path = Path(args.out) / args.name
+    doc = json.loads(path.read_text()) if path.exists() else {"results": []}
+    doc.update(device=torch.cuda.get_device_name(), torch=torch.__version__,
+               settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
+    doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def main() -> int:
@@ -308,68 +345,67 @@ def main() -> int:
                         help="also build and time capturer(kernels='fused', merge=...) side by side")
     parser.add_argument("--name", default="bench_fused.json")
     parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
-    parser.add_argument("--deadline-s", type=float, default=None, help="stop between models after this long")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="start no further (model, batch, dtype) after this many seconds")
     parser.add_argument("--profile-rebuild", action="store_true",
                         help="profile the rebuild (cProfile): its top functions go into the row's rebuild")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
     parser.add_argument("--rebuild", help=argparse.SUPPRESS)
-    parser.add_argument("--dtype", default="float32", help="float32 (PyTorch's default precision), float16, bfloat16")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--dtypes", "--dtype", default="float32",
+                        help="comma-separated: float32 (PyTorch's default precision), float16, bfloat16; "
+                             "each model and batch is measured in each")
     args = parser.parse_args()
-    import torch
-
+    from opbench.errors import OpBenchError
     from opbench.models import check_dtype
 
     global DTYPE
-    DTYPE = check_dtype(args.dtype)
-    start = time.perf_counter()
-    deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
+    try:
+        dtypes = [check_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
+        items = []
+        for item in [m.strip() for m in args.models.split(",") if m.strip()]:
+            name, _, batch = item.partition(":")
+            items.append((name, int(batch or 1)))
+    except (OpBenchError, ValueError) as err:
+        parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16)")
+    DTYPE = dtypes[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.prebuild:
-        name, _, batch = args.prebuild.partition(":")
+    if args.prebuild or args.rebuild or args.one:
+        name, _, batch = (args.prebuild or args.rebuild or args.one).partition(":")
+        if args.one:
+            measure_one(name, int(batch), args)
+            return 0
+        kind = "prebuild" if args.prebuild else "rebuild"
         try:
-            res = prebuild(name, int(batch))
+            res = prebuild(name, int(batch)) if args.prebuild else rebuild(name, int(batch), args)
         except Exception as err:
             res = {"error": f"{type(err).__name__}: {err}"}
-        (out / "prebuild" / f"{name}_{batch}.json").write_text(json.dumps(res) + "\n")
+        (out / kind / f"{name}_{batch}_{DTYPE}.json").write_text(json.dumps(res, default=str) + "\n")
         return 0
-    if args.rebuild:
-        name, _, batch = args.rebuild.partition(":")
-        try:
-            res = rebuild(name, int(batch), args)
-        except Exception as err:
-            res = {"error": f"{type(err).__name__}: {err}"}
-        (out / "rebuild" / f"{name}_{batch}.json").write_text(json.dumps(res, default=str) + "\n")
-        return 0
-    items = []
-    for item in [m.strip() for m in args.models.split(",") if m.strip()]:
-        name, _, batch = item.partition(":")
-        items.append((name, int(batch or 1)))
+    start = time.perf_counter()
+    deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
+    todo = [(n, b, d) for n, b in items for d in dtypes]  # batch 1 of every model first when listed so
     if args.prebuild_jobs > 0:
-        prebuild_all(items, out, args.prebuild_jobs, deadline)
+        prebuild_all(todo, out, args.prebuild_jobs, deadline)
     path = out / args.name
-    doc = json.loads(path.read_text()) if path.exists() else {"results": []}
-    doc.update(device=torch.cuda.get_device_name(), torch=torch.__version__,
-               settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
-    done = {(r["model"], r["batch"]) for r in doc["results"] if "error" not in r}
-    for name, batch_size in items:
-        if (name, batch_size) in done:
+    done = {key(r) for r in json.loads(path.read_text())["results"] if "error" not in r} if path.exists() else set()
+    for name, batch, dtype in todo:
+        if (name, batch, dtype) in done:
             continue
         if time.perf_counter() > deadline:
             print("deadline reached", flush=True)
             break
-        start = time.perf_counter()
-        print(f"{name}:{batch_size}", flush=True)
-        try:
-            res = bench(name, batch_size, args)
-        except Exception as err:  # one model's failure is a result too
-            traceback.print_exc()
-            res = {"model": name, "batch": batch_size, "error": f"{type(err).__name__}: {err}"}
-        res["wall_s"] = time.perf_counter() - start
-        doc["results"] = [r for r in doc["results"] if (r["model"], r["batch"]) != (name, batch_size)] + [res]
-        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        print(table([res]), flush=True)
-    print(table(doc["results"]))
+        print(f"{name}:{batch} {dtype}", flush=True)
+        cmd = [sys.executable, __file__, "--out", str(out), "--one", f"{name}:{batch}", "--dtypes", dtype,
+               "--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number),
+               "--rounds", str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild
+                                                                      else [])
+        subprocess.run(cmd, check=False)  # one process per model, batch and dtype
+        rows = json.loads(path.read_text())["results"] if path.exists() else []
+        print(table([r for r in rows if key(r) == (name, batch, dtype)]), flush=True)
+    if path.exists():
+        print(table(json.loads(path.read_text())["results"]))
     return 0
 
 
