@@ -116,6 +116,41 @@ def metrics(args: argparse.Namespace) -> dict:
     return out
 
 
+def corun(args: argparse.Namespace) -> dict:
+    """The co-run predictor on each dataset held out by model (one model out, and 5 folds with three fold
+    seeds), trained on its own groups or with the other dataset's groups too (``--also``), with the rule that
+    groups slower than their members inside them do not train, and without it (only the solo-sum rule)."""
+    from opbench.pipeline.train import TrainJob, train
+    from opbench.predict import corun as corun_module
+
+    rule, trains = corun_module.INCONSISTENT_RATIO, corun_module.trains
+    datasets = {"float32": str(args.dataset), "half": str(args.half_dataset)}
+    out: dict = {"dataset": shown(args.dataset), "half_dataset": shown(args.half_dataset), "inconsistent_ratio": rule,
+                 "results": []}
+    for name, path in datasets.items():
+        other = tuple(p for n, p in datasets.items() if n != name)
+        splits = [(100, 0), (5, 0), (5, 1), (5, 2)] if name == "float32" else [(100, 0)]
+        for consistency in (False, True):
+            for also in ((), other):
+                corun_module.trains = trains if consistency else (
+                    lambda g: g["concurrent_s"] <= corun_module.OUTLIER_RATIO * sum(g["solo_s"]))
+                try:
+                    for folds, seed in splits:
+                        result = train(TrainJob(path, "corun", "by_model", folds=folds, seed=seed, also=also))
+                        row = {"tested": name, "also": bool(also), "consistency_rule": consistency, "folds": folds,
+                               "seed": seed, "groups": result["n_test"], "n_also": result["n_also"],
+                               "metrics": result["metrics"], "metrics_consistent": result["metrics_consistent"],
+                               "n_inconsistent": result["n_inconsistent"], "held_out": result["held_out"]}
+                        out["results"].append(row)
+                        print(f"{name:<8} also {bool(also)!s:<6} rule {consistency!s:<6} {result['folds']:>3} folds "
+                              f"seed {seed}  MAPE {result['metrics']['mape']:.4f}  within 10% "
+                              f"{result['metrics']['within_10pct']:.3f}  consistent groups' MAPE "
+                              f"{(result['metrics_consistent'] or {}).get('mape', float('nan')):.4f}", flush=True)
+                finally:
+                    corun_module.trains = trains
+    return out
+
+
 def precision(args: argparse.Namespace) -> dict:
     import numpy as np
 
@@ -452,7 +487,7 @@ def records(args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision", "records",
-                                                                 "search"])
+                                                                 "search", "corun"])
     parser.add_argument("--records", default=str(ROOT / "data" / "dataset"), help="--part records: the folder")
     parser.add_argument("--exclude", default="resnet-50",
                         help="--part records: models left out with every task they use (tuned later with the "
@@ -490,7 +525,7 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dataset", default=str(DATASET))
     parser.add_argument("--half-dataset", default=str(ROOT / "data" / "dataset" / "h100_half.sqlite.gz"),
-                        help="--part precision: the float16/bfloat16 dataset")
+                        help="--part precision and corun: the float16/bfloat16 dataset")
     parser.add_argument("--predictors", default=str(PREDICTORS), help="folder of the saved predictors")
     parser.add_argument("--schedule-models", default="googlenet,inception_v3")
     parser.add_argument("--corun", choices=["yes", "no"], default="yes",
@@ -500,7 +535,7 @@ def main() -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit's SIGTERM stops a part as Ctrl-C does
     parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision,
-             "records": records, "search": search}
+             "records": records, "search": search, "corun": corun}
     result = parts[args.part](args)
     if args.part == "schedules":
         try:

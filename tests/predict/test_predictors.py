@@ -62,14 +62,74 @@ def test_corun_groups_far_above_their_solo_sum_do_not_train(synthetic):
     outliers = [{**g, "concurrent_s": 4.0 * sum(g["solo_s"])} for g in groups[:10]]
     clean = CorunPredictor.fit(groups)
     mixed = CorunPredictor.fit(groups + outliers)
-    assert clean.meta["left_out_over_sum"] == 0 and mixed.meta["left_out_over_sum"] == 10
+    assert clean.meta["left_out_untrainable"] == 0 and mixed.meta["left_out_untrainable"] == 10
     assert mixed.meta["n_rows"] == len(groups)
     got, want = mixed.predict_many(groups[:20]), clean.predict_many(groups[:20])
     assert [t for t, _ in got] == pytest.approx([t for t, _ in want], rel=1e-9)  # the outliers changed nothing
-    edge = {**groups[0], "concurrent_s": OUTLIER_RATIO * sum(groups[0]["solo_s"])}  # at the ratio: trains
+    at = OUTLIER_RATIO * sum(groups[0]["solo_s"])  # at the ratio, its members inside as long: trains
+    edge = {**groups[0], "concurrent_s": at, "slowdowns": [at / s for s in groups[0]["solo_s"]]}
     assert CorunPredictor.fit(groups + [edge]).meta["n_rows"] == len(groups) + 1
     few = CorunPredictor.fit(groups[:5] + outliers)  # too few would remain: every group trains
-    assert few.meta["left_out_over_sum"] == 0 and few.meta["n_rows"] == 15
+    assert few.meta["left_out_untrainable"] == 0 and few.meta["n_rows"] == 15
+
+
+def test_corun_groups_slower_than_their_members_inside_do_not_train(synthetic):
+    from opbench.predict.corun import INCONSISTENT_RATIO, CorunPredictor, corun_examples, inside_ratio, trains
+
+    groups, _ = corun_examples(str(synthetic))
+    g = groups[0]
+    longest = max(s * t for s, t in zip(g["slowdowns"], g["solo_s"], strict=True))
+    assert inside_ratio(g) == pytest.approx(1.0) and trains(g)
+    total = sum(g["solo_s"])  # at its solo sum, but twice as long as its members took inside it
+    slower = {**g, "concurrent_s": total, "slowdowns": [total / (2.0 * s) for s in g["solo_s"]]}
+    assert inside_ratio(slower) == pytest.approx(2.0) and not trains(slower)
+    assert trains({**g, "concurrent_s": INCONSISTENT_RATIO * longest})
+    assert trains({**slower, "slowdowns": None})  # members not timed inside: only the solo sum decides
+    fitted = CorunPredictor.fit(groups + [slower] * 3)
+    assert fitted.meta["left_out_untrainable"] == 3 and fitted.meta["n_rows"] == len(groups)
+
+
+def test_also_groups_train_other_models_folds_and_are_never_tested(synthetic, monkeypatch):
+    from opbench.predict import corun
+
+    groups, _ = corun.corun_examples(str(synthetic))
+    also = [{**g, "dtype": "float16", "concurrent_s": 0.9 * g["concurrent_s"]} for g in groups]
+    base = corun.evaluate(groups, "by_model", 3)
+    seen: list[set[str]] = []
+    fit = corun.CorunPredictor.fit.__func__
+
+    def spy(cls, train, seed=0, meta=None):
+        seen.append({(g["model"], g["dtype"]) for g in train})
+        return fit(cls, train, seed, meta)
+
+    monkeypatch.setattr(corun.CorunPredictor, "fit", classmethod(spy))
+    result = corun.evaluate(groups, "by_model", 3, also=also)
+    assert result["n_test"] == base["n_test"] == len(groups) and result["n_also"] == len(also)
+    assert result["n_train"] > base["n_train"]
+    models = {g["model"] for g in groups}
+    for trained in seen:  # each fold trains the float16 copies of exactly the models it trains in float32
+        assert {m for m, d in trained if d == "float16"} == {m for m, d in trained if d != "float16"} < models
+    assert result["metrics_consistent"]["mape"] == pytest.approx(result["metrics"]["mape"])
+    assert result["n_inconsistent"] == 0
+
+
+def test_train_with_also_datasets(synthetic, tmp_path):
+    from opbench.pipeline.spec import SpecError
+    from opbench.pipeline.train import TrainJob
+    from opbench.pipeline.train import train as train_job
+
+    more = tmp_path / "more.sqlite"
+    write_synthetic(more, seed=1)
+    result = train_job(TrainJob(str(synthetic), "corun", folds=3, also=(str(more),), out=str(tmp_path / "c.opm")))
+    from opbench.predict.corun import corun_examples
+
+    assert result["n_also"] == len(corun_examples(str(more))[0]) > 0
+    assert result["n_test"] == len(corun_examples(str(synthetic))[0])
+    assert load_predictor(tmp_path / "c.opm", "corun").meta["also"] == ["more.sqlite"]
+    with pytest.raises(SpecError, match="only for --what corun"):
+        TrainJob(str(synthetic), "latency", also=(str(more),)).validate()
+    with pytest.raises(OpBenchError, match="not found"):
+        train_job(TrainJob(str(synthetic), "corun", also=(str(tmp_path / "missing.sqlite"),)))
 
 
 def test_bad_inputs_are_one_line_errors(synthetic, tmp_path):

@@ -65,6 +65,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--exclude", default="", metavar="MODEL[,MODEL]",
                    help="leave these models' rows out entirely, and every sampled task they use (to use the "
                         "predictor on them afterwards)")
+    p.add_argument("--also", action="append", default=[], metavar="DATASET",
+                   help="--what corun: another dataset of the same device whose co-run groups train too (in every "
+                        "fold that does not hold their model out; never tested), e.g. the float16/bfloat16 rows "
+                        "beside the float32 ones; repeatable")
     add_json_flag(add_common(p), "the metrics")
     p.set_defaults(func=cmd_train)
 
@@ -118,13 +122,15 @@ def _num(value: Any, digits: int = 3) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..pipeline.spec import SpecError
     from ..pipeline.train import TrainJob, train
+    from ..predict.corun import INCONSISTENT_RATIO
 
     check_output_path(args.out, "--out")
     check_output_path(args.json, "--json")
     try:
         job = TrainJob(dataset=dataset_path(args), what=args.what, split=args.split, out=args.out, folds=args.folds,
                        seed=args.seed, device=args.device_name, features=args.features, config=args.config,
-                       exclude=tuple(m.strip() for m in args.exclude.split(",") if m.strip()))
+                       exclude=tuple(m.strip() for m in args.exclude.split(",") if m.strip()),
+                       also=tuple(args.also))
         job.validate()
     except SpecError as err:  # the flag that sets the field
         flag = {"device": "--device-name"}.get(err.field, "--" + err.field)
@@ -155,6 +161,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(f"  by {name}: " + "  ".join(f"{k} {_pct(v['mape'])} ({v['n']})"
                                                    for k, v in result[f"per_{name}"].items()), file=out)
     elif args.what == "corun":
+        if result.get("n_also"):
+            print(f"  {result['n_also']} more groups from --also trained each fold that did not hold their model out",
+                  file=out)
+        c = result.get("metrics_consistent")
+        if c and result.get("n_inconsistent"):
+            print(f"  the {result['n_test'] - result['n_inconsistent']} groups whose time agrees with their members' "
+                  f"times inside them: MAPE {_pct(c['mape'])}  within ±10% {_pct(c['within_10pct'])} "
+                  f"({result['n_inconsistent']} groups took over {INCONSISTENT_RATIO}x their longest member's "
+                  "time inside; they do not train)", file=out)
         print(f"  {'held-out model':<18}{'groups':>8}{'MAPE':>8}{'pairwise':>10}", file=out)
         for h in result["held_out"]:
             print(f"  {h['model'][:18]:<18}{h['groups']:>8}{_pct(h['mape']):>8}{_num(h['pairwise'], 3):>10}",

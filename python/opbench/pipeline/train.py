@@ -44,6 +44,10 @@ class TrainJob(Spec):
         Which kernels' rows: ``default``, or a tuning database's ``db:<digest>``.
     exclude:
         Models whose rows are left out entirely (to test on them later).
+    also:
+        More datasets of the same device whose co-run groups train too (``corun`` only): each trains in every
+        fold that does not hold its model out, and is never tested (e.g. the float16/bfloat16 rows beside
+        the float32 ones).
     """
 
     dataset: str = "data/opbench.sqlite"
@@ -56,6 +60,7 @@ class TrainJob(Spec):
     features: str | None = None
     config: str = "default"
     exclude: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Check every field before any work (see :class:`~opbench.pipeline.spec.Spec`)."""
@@ -69,6 +74,8 @@ class TrainJob(Spec):
             raise SpecError("folds", f"must be 2 or more, got {self.folds}")
         if self.seed < 0:
             raise SpecError("seed", f"must be 0 or more, got {self.seed}")
+        if self.also and self.what != "corun":
+            raise SpecError("also", f"only for --what corun (its co-run groups), not --what {self.what}")
 
 
 def train(job: TrainJob) -> dict[str, Any]:
@@ -77,7 +84,7 @@ def train(job: TrainJob) -> dict[str, Any]:
 
     job.validate()
     return fit(job.dataset, job.what, job.split, job.out, job.folds, job.seed, job.device, job.features, job.config,
-               list(job.exclude) or None, task_modules=task_modules)
+               list(job.exclude) or None, task_modules=task_modules, also=list(job.also) or None)
 
 
 def task_modules(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, Any]]:

@@ -31,7 +31,8 @@ MAX_SANE_MAPE = 1.0
 
 def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Path | None = None, folds: int = 5,
           seed: int = 0, device: str | None = None, features: str | None = None, config: str = "default",
-          exclude: list[str] | None = None, task_modules: Any = None) -> dict[str, Any]:
+          exclude: list[str] | None = None, task_modules: Any = None, also: list[str] | None = None
+          ) -> dict[str, Any]:
     """Train a ``what`` predictor on ``dataset``, report held-out metrics, save it to ``out``.
 
     ``task_modules`` (:data:`opbench.predict.trials.TaskModules`) gives the trials predictor the tuning
@@ -41,6 +42,8 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
     ...}`` (``n_train`` is the mean training size of the folds, ``n_test`` every held-out item).
     ``exclude`` names models whose rows are left out entirely (to test the predictor on them later).
     ``features`` (latency): default ``graph+launch`` where the rows have launch dimensions, else ``graph``.
+    ``also`` (corun only): more datasets of the same device whose groups train in every fold that does not hold
+    their model out, and the saved predictor; they are never tested.
     """
     from . import corun, latency, trials
     from .features import FEATURE_SETS
@@ -53,6 +56,11 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
         raise OpBenchError(f"unknown --features '{features}' (accepted: {', '.join(FEATURE_SETS)})")
     if folds < 2:
         raise OpBenchError(f"--folds must be at least 2, got {folds}")
+    if also and what != "corun":
+        raise OpBenchError(f"--also is only for --what corun (its co-run groups), not --what {what}")
+    for path in also or []:
+        if not Path(path).is_file():
+            raise OpBenchError(f"--also dataset '{path}' not found")
     start = time.perf_counter()
     skip = set(exclude or [])
     # the dataset's file name only: a predictor file names no folder of the machine that trained it
@@ -75,10 +83,15 @@ def train(dataset: str | Path, what: str, split: str = "by_model", out: str | Pa
     elif what == "corun":
         groups, device_name = corun.corun_examples(str(dataset), device)
         groups = [g for g in groups if g["model"] not in skip]
-        log.info("corun: %d co-run groups on %s; up to %d folds, %s split", len(groups), device_name, folds, split)
-        report = corun.evaluate(groups, split, folds, seed)
+        more = []
+        for path in also or []:  # the same device's groups in other datasets
+            more += [g for g in corun.corun_examples(str(path), device_name)[0] if g["model"] not in skip]
+        log.info("corun: %d co-run groups on %s (and %d more that only train); up to %d folds, %s split",
+                 len(groups), device_name, len(more), folds, split)
+        report = corun.evaluate(groups, split, folds, seed, also=more)
         kind = target_kind(groups[0]["members"][0]["target"])
-        fitted = lambda m: corun.CorunPredictor.fit(groups, seed, m)  # noqa: E731
+        meta.update(also=[Path(p).name for p in also or []])
+        fitted = lambda m: corun.CorunPredictor.fit(groups + more, seed, m)  # noqa: E731
     else:
         if task_modules is None:
             raise OpBenchError("the trials predictor needs the tasks' modules: train it with "

@@ -19,6 +19,17 @@ groups and 15 of 424 model groups on the shipped H100 rows, up to 4.4x the sum f
 beside a 2 us pooling. No feature tells such a group from its twins that take less than the sum, and
 fitted, they pulled the predictions of other models' groups up to twice their time; held-out metrics still
 count them.
+
+A group whose concurrent time exceeds :data:`INCONSISTENT_RATIO` times its longest member's time *inside* the
+group (each member timed by events around it in the same concurrent launch, its ``slowdowns``) does not train
+either: its two measurements disagree. On the shipped float32 H100 rows the concurrent time is a median 0.98
+times that longest member's time (90th percentile 1.21), and the 15 model groups above 1.5 times their solo sum
+are all 1.56 to 4.4 times it; 27 of 424 model groups and 236 of 1,200 sampled groups are past the ratio.
+Held-out metrics count every group, and report the consistent ones apart (``metrics_consistent``).
+
+``also`` groups (:func:`evaluate`; ``opbench train --also``: the co-run rows of other datasets of the same
+device, e.g. the float16/bfloat16 rows beside the float32 ones) train in every fold that does not hold their
+model out, and are never tested.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ from .splits import check_split, folds, group_label
 MIN_GROUPS = 20
 #: a group whose concurrent time exceeds this many times its members' solo sum does not train (module docstring)
 OUTLIER_RATIO = 1.5
+#: a group whose concurrent time exceeds this many times its longest member's time inside the group does not train
+INCONSISTENT_RATIO = 1.5
 #: what the ``concurrent`` booster's ratio is over: ``max**0.25*sum**0.75`` of the solo times
 #: (:data:`OVER_MIXED`), or their sum (a predictor file without ``concurrent_over``)
 OVER_MIXED, OVER_SUM = "max**0.25*sum**0.75", "sum"
@@ -46,6 +59,23 @@ OVER_MIXED, OVER_SUM = "max**0.25*sum**0.75", "sum"
 #: their twins pull a squared-error fit towards them; on the shipped H100 rows this lowered the held-out
 #: MAPE of every split (``docs/predictors.md``)
 OBJECTIVE = "reg:absoluteerror"
+
+
+def inside_ratio(group: dict[str, Any]) -> float | None:
+    """The group's concurrent time over its longest member's time inside the group (the member's solo time
+    times its slowdown there); ``None`` where the slowdowns were not measured."""
+    slows = group.get("slowdowns") or []
+    if len(slows) != len(group["solo_s"]) or not all(s and s > 0 for s in slows):
+        return None
+    return group["concurrent_s"] / max(s * t for s, t in zip(slows, group["solo_s"], strict=True))
+
+
+def trains(group: dict[str, Any]) -> bool:
+    """Whether a group is fit to train on: within :data:`OUTLIER_RATIO` of its members' solo sum and within
+    :data:`INCONSISTENT_RATIO` of its longest member's time inside the group (module docstring)."""
+    inside = inside_ratio(group)
+    return group["concurrent_s"] <= OUTLIER_RATIO * sum(group["solo_s"]) and (inside is None or
+                                                                             inside <= INCONSISTENT_RATIO)
 
 
 def _reference(solo_s: Sequence[float], over: str) -> float:
@@ -62,9 +92,9 @@ class CorunPredictor(Predictor):
     @classmethod
     def fit(cls, groups: Sequence[dict[str, Any]], seed: int = 0, meta: dict[str, Any] | None = None
             ) -> CorunPredictor:
-        """Train on co-run examples (see :func:`corun_examples`), those within :data:`OUTLIER_RATIO` of
-        their solo sum (all of them if fewer than :data:`MIN_GROUPS` would remain)."""
-        kept = [g for g in groups if g["concurrent_s"] <= OUTLIER_RATIO * sum(g["solo_s"])]
+        """Train on co-run examples (see :func:`corun_examples`), those that :func:`trains` admits (all of
+        them if fewer than :data:`MIN_GROUPS` would remain)."""
+        kept = [g for g in groups if trains(g)]
         left_out = len(groups) - len(kept) if len(kept) >= MIN_GROUPS else 0
         groups = kept if left_out else list(groups)
         x, y, xm, ym = [], [], [], []
@@ -77,7 +107,7 @@ class CorunPredictor(Predictor):
                     xm.append(member_features(feats, member, solo, g["solo_s"], g["device_sms"]))
                     ym.append(np.log(slow))
         obj = cls({**(meta or {}), "features": corun_feature_names(), "member_features": member_feature_names(),
-                   "n_rows": len(groups), "left_out_over_sum": left_out, "concurrent_over": OVER_MIXED})
+                   "n_rows": len(groups), "left_out_untrainable": left_out, "concurrent_over": OVER_MIXED})
         fit = {"rounds": 300, "seed": seed, "max_depth": 5, "objective": OBJECTIVE}
         obj.boosters["concurrent"] = xgb_regressor(np.array(x), np.array(y), **fit)
         if xm:
@@ -141,31 +171,44 @@ def corun_examples(path: str, device: str | None = None) -> tuple[list[dict[str,
     return out, device_name
 
 
-def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int = 0) -> dict[str, Any]:
-    """Cross-validated held-out metrics of the concurrent time (pairwise inside each model)."""
+def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int = 0,
+             also: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Cross-validated held-out metrics of the concurrent time (pairwise inside each model).
+
+    ``also``: more groups that train in every fold not holding out their group (their model for
+    ``by_model``), and are never tested; sampled ones train in every fold."""
     check_split(split)
     if len(groups) < MIN_GROUPS:
         raise OpBenchError(f"too few measured co-run groups for training: {len(groups)} (needed: at least "
                            f"{MIN_GROUPS}; collect with --corun on a GPU)")
-    extra = [g for g in groups if sampled(g)]
+    extra = [g for g in [*groups, *also] if sampled(g)]
+    more = [g for g in also if not sampled(g)]
     groups = [g for g in groups if not sampled(g)]
     if len(groups) < 2:
         raise OpBenchError(f"too few co-run groups of models to hold out: {len(groups)} (needed: at least 2)")
-    labels = ([group_label(g, split) for g in groups] if split in ("by_model", "by_dtype")
-              else ["+".join(sorted(g["kinds"])) for g in groups])
+
+    def label(g: dict[str, Any]) -> Any:
+        return group_label(g, split) if split in ("by_model", "by_dtype") else "+".join(sorted(g["kinds"]))
+
+    labels = [label(g) for g in groups]
+    more_labels = [label(g) for g in more]
     predicted = np.zeros(len(groups))
     slow_err: list[float] = []
     n_train = []
     for train, test in folds(labels, split, k, seed):
-        model = CorunPredictor.fit([groups[i] for i in train] + extra, seed)
+        held = {labels[i] for i in test}
+        others = [g for g, lab in zip(more, more_labels, strict=True) if lab not in held]
+        model = CorunPredictor.fit([groups[i] for i in train] + extra + others, seed)
         for i, (conc, slows) in zip(test, model.predict_many([groups[i] for i in test]), strict=True):
             predicted[i] = conc
             measured = groups[i]["slowdowns"] or []
             slow_err += [abs(p - m) / m for p, m in zip(slows, measured, strict=False) if m]
-        n_train.append(len(train) + len(extra))
+        n_train.append(len(train) + len(extra) + len(others))
     measured = np.array([g["concurrent_s"] for g in groups])
     models = [g["workload_id"] for g in groups]
     metrics = regression_metrics(measured, predicted, models)
+    fine = [i for i, g in enumerate(groups) if (inside_ratio(g) or 0.0) <= INCONSISTENT_RATIO]
+    consistent = regression_metrics(measured[fine], predicted[fine], [models[i] for i in fine]) if fine else None
     seq = np.array([sum(g["solo_s"]) for g in groups])
     per_kind: dict[str, Any] = {}
     for size, idx in sorted(by_group([len(g["members"]) for g in groups]).items()):
@@ -179,8 +222,10 @@ def evaluate(groups: Sequence[dict[str, Any]], split: str, k: int = 5, seed: int
     extra_metrics = {"speedup_pairwise": pairwise(seq / measured, seq / predicted, models),
                      "slowdown_mape": float(np.mean(slow_err)) if slow_err else None}
     return {"n_train": int(np.mean(n_train)), "n_test": len(groups), "n_sampled": len(extra), "folds": len(n_train),
-            "metrics": metrics,
+            "n_also": len(also), "metrics": metrics, "metrics_consistent": consistent,
+            "n_inconsistent": len(groups) - len(fine),
             "extra_metrics": extra_metrics, "per_kind": per_kind, "held_out": held_out, "predicted": predicted}
 
 
-__all__ = ["MIN_GROUPS", "OUTLIER_RATIO", "CorunPredictor", "corun_examples", "evaluate"]
+__all__ = ["INCONSISTENT_RATIO", "MIN_GROUPS", "OUTLIER_RATIO", "CorunPredictor", "corun_examples", "evaluate",
+           "inside_ratio", "trains"]
