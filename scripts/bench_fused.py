@@ -20,14 +20,15 @@ several precisions); results go to ``OUT/bench_fused.json`` after every one (a r
 skips what is there); a table is printed. Its "own" column is the capturer's own table row of the kept
 candidate against the independent timing of the same callable.
 
-Build seconds come twice. With ``--prebuild-jobs N`` (default 4) every model is first compiled in a
-process of its own, N at a time and nothing timed but the compiles ("cold": ``torch.compile`` and the
-regions, into Inductor's caches, with an empty store of compiled regions: ``$OPBENCH_CACHE`` of its own);
-the measured run then builds again in this process ("warm": what a user's second build in a new process
-costs). The fused build keeps its choice (``capturer(cache=True)``, in
-``OUT/cache``); after the timing a new process builds the same model again with that cache ("rebuild": only
-the kept candidate is built, nothing measured), and its build seconds, its choice and its outputs' error
-are the row's ``rebuild``. ``--deadline-s`` stops between models.
+Build seconds come twice. With ``--prebuild-jobs 1`` (the default) each model is first compiled alone in a
+process of its own, right before its measured run, nothing timed but the compiles ("cold": ``torch.compile``
+and the regions, into Inductor's caches, with an empty store of compiled regions: ``$OPBENCH_CACHE`` of its
+own); with N > 1 every model's cold build comes first, N at a time (sooner, but the builds then share the
+cores, so each takes longer than alone); 0 builds nothing cold. The measured run then builds again in
+its process ("warm": what a user's second build in a new process costs). The fused build keeps its choice
+(``capturer(cache=True)``, in ``OUT/cache``); after the timing a new process builds the same model again with
+that cache ("rebuild": only the kept candidate is built, nothing measured), and its build seconds, its choice
+and its outputs' error are the row's ``rebuild``. ``--deadline-s`` starts no model after that many seconds.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/bench_fused.py --out out --models googlenet:1
 """
@@ -344,7 +345,9 @@ def main() -> int:
     parser.add_argument("--merge", default="none", choices=("none", "all", "ios"),
                         help="also build and time capturer(kernels='fused', merge=...) side by side")
     parser.add_argument("--name", default="bench_fused.json")
-    parser.add_argument("--prebuild-jobs", type=int, default=4, help="cold builds at once first (0: none)")
+    parser.add_argument("--prebuild-jobs", type=int, default=1,
+                        help="1: each model's cold build alone, right before its measured run; N > 1: every "
+                             "model's cold build first, N at a time; 0: none")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="start no further (model, batch, dtype) after this many seconds")
     parser.add_argument("--profile-rebuild", action="store_true",
@@ -386,7 +389,7 @@ def main() -> int:
     start = time.perf_counter()
     deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
     todo = [(n, b, d) for n, b in items for d in dtypes]  # batch 1 of every model first when listed so
-    if args.prebuild_jobs > 0:
+    if args.prebuild_jobs > 1:
         prebuild_all(todo, out, args.prebuild_jobs, deadline)
     path = out / args.name
     done = {key(r) for r in json.loads(path.read_text())["results"] if "error" not in r} if path.exists() else set()
@@ -397,6 +400,8 @@ def main() -> int:
             print("deadline reached", flush=True)
             break
         print(f"{name}:{batch} {dtype}", flush=True)
+        if args.prebuild_jobs == 1:
+            prebuild_all([(name, batch, dtype)], out, 1, deadline)
         cmd = [sys.executable, __file__, "--out", str(out), "--one", f"{name}:{batch}", "--dtypes", dtype,
                "--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number),
                "--rounds", str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild
