@@ -16,8 +16,9 @@ At the end of each model the four callables are timed again side by side, altern
 medians of those rounds are the table's figures; the same callables are then timed once more by the
 capturer's own timer and rounds (``ms_capturer_timer``), to tell a timer's difference from the moment's.
 Each (model, batch, dtype) is measured in a process of its own, one after the other (``--dtypes`` takes
-several precisions); results go to ``OUT/bench_fused.json`` after every one (a re-run with the same OUT
-skips what is there); a table is printed. Its "own" column is the capturer's own table row of the kept
+several precisions), or with ``--gpus 0,1,...`` one process per GPU at a time, each seeing only its GPU;
+results go to ``OUT/bench_fused.json`` after every one (a re-run with the same OUT skips what is there); a
+table is printed. Its "own" column is the capturer's own table row of the kept
 candidate against the independent timing of the same callable.
 
 Build seconds come twice. With ``--prebuild-jobs 1`` (the default) each model is first compiled alone in a
@@ -41,12 +42,14 @@ import io
 import json
 import os
 import pstats
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 DEFAULT = ("googlenet:1,inception_v3:1,nasnet:1,randwire:1,squeezenet_v1.0:1,resnet-18:1,mobilenet_v3_large:1,"
@@ -92,13 +95,14 @@ def prebuild(name: str, batch: int) -> dict:
     return res
 
 
-def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadline: float) -> None:
+def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadline: float,
+                 env: dict[str, str] | None = None) -> None:
     """``prebuild`` of every item without a file in ``out/prebuild``, ``jobs`` processes at a time."""
     folder = out / "prebuild"
     folder.mkdir(exist_ok=True)
     todo = [(n, b, d) for n, b, d in items if not (folder / f"{n}_{b}_{d}.json").exists()]
     running: list[tuple[subprocess.Popen, float]] = []
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
+    env = dict(env or os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
     while todo or running:
         while todo and len(running) < jobs:
             n, b, d = todo.pop(0)
@@ -326,13 +330,36 @@ def measure_one(name: str, batch: int, args) -> None:
         res = {"model": name, "batch": batch, "dtype": DTYPE, "error": f"{type(err).__name__}: {err}"}
     res["wall_s"] = time.perf_counter() - start
     import torch
+    from filelock import FileLock
 
     path = Path(args.out) / args.name
-    doc = json.loads(path.read_text()) if path.exists() else {"results": []}
-    doc.update(device=torch.cuda.get_device_name(), torch=torch.__version__,
-               settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
-    doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    with FileLock(f"{path}.lock"):  # processes on other GPUs file their rows into the same file
+        doc = json.loads(path.read_text()) if path.exists() else {"results": []}
+        doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
+                   settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
+        doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        part.replace(path)  # a reader never sees half a file
+
+
+def measure_in_new_process(item: tuple[str, int, str], out: Path, args, flags: list[str], deadline: float,
+                           gpu: int | None = None) -> None:
+    """One (model, batch, dtype): its cold build alone first (``--prebuild-jobs 1``), then :func:`measure_one`
+    in a process of its own; on ``gpu`` (the only GPU its processes see) where given."""
+    name, batch, dtype = item
+    if time.perf_counter() > deadline:
+        print(f"deadline reached: {name}:{batch} {dtype} not measured", flush=True)
+        return
+    env = dict(os.environ) if gpu is None else dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+    print(f"{name}:{batch} {dtype}" + ("" if gpu is None else f" (GPU {gpu})"), flush=True)
+    if args.prebuild_jobs == 1:
+        prebuild_all([item], out, 1, deadline, env)
+    cmd = [sys.executable, __file__, "--out", str(out), "--one", f"{name}:{batch}", "--dtypes", dtype, *flags]
+    subprocess.run(cmd, env=env, check=False)  # one process per model, batch and dtype
+    path = out / args.name
+    rows = json.loads(path.read_text())["results"] if path.exists() else []
+    print(table([r for r in rows if key(r) == item]), flush=True)
 
 
 def main() -> int:
@@ -355,6 +382,9 @@ def main() -> int:
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
     parser.add_argument("--rebuild", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--gpus", default=None, metavar="I,J,...",
+                        help="measure on these GPUs at once, one (model, batch, dtype) process per GPU (default: "
+                             "one process at a time on the GPU the environment gives)")
     parser.add_argument("--dtypes", "--dtype", default="float32",
                         help="comma-separated: float32 (PyTorch's default precision), float16, bfloat16; "
                              "each model and batch is measured in each")
@@ -369,8 +399,10 @@ def main() -> int:
         for item in [m.strip() for m in args.models.split(",") if m.strip()]:
             name, _, batch = item.partition(":")
             items.append((name, int(batch or 1)))
+        gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else []
     except (OpBenchError, ValueError) as err:
-        parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16)")
+        parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16, "
+                     "--gpus GPU indices such as 0,1)")
     DTYPE = dtypes[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -393,22 +425,26 @@ def main() -> int:
         prebuild_all(todo, out, args.prebuild_jobs, deadline)
     path = out / args.name
     done = {key(r) for r in json.loads(path.read_text())["results"] if "error" not in r} if path.exists() else set()
-    for name, batch, dtype in todo:
-        if (name, batch, dtype) in done:
-            continue
-        if time.perf_counter() > deadline:
-            print("deadline reached", flush=True)
-            break
-        print(f"{name}:{batch} {dtype}", flush=True)
-        if args.prebuild_jobs == 1:
-            prebuild_all([(name, batch, dtype)], out, 1, deadline)
-        cmd = [sys.executable, __file__, "--out", str(out), "--one", f"{name}:{batch}", "--dtypes", dtype,
-               "--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number),
-               "--rounds", str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild
-                                                                      else [])
-        subprocess.run(cmd, check=False)  # one process per model, batch and dtype
-        rows = json.loads(path.read_text())["results"] if path.exists() else []
-        print(table([r for r in rows if key(r) == (name, batch, dtype)]), flush=True)
+    todo = [item for item in todo if item not in done]
+    flags = ["--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number), "--rounds",
+             str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild else [])
+    if gpus:  # one item per GPU at a time, each in processes that see that GPU only
+        free: queue.Queue = queue.Queue()
+        for g in gpus:
+            free.put(g)
+
+        def on_a_free_gpu(item: tuple[str, int, str]) -> None:
+            gpu = free.get()
+            try:
+                measure_in_new_process(item, out, args, flags, deadline, gpu)
+            finally:
+                free.put(gpu)
+
+        with ThreadPoolExecutor(len(gpus)) as pool:
+            list(pool.map(on_a_free_gpu, todo))
+    else:
+        for item in todo:
+            measure_in_new_process(item, out, args, flags, deadline)
     if path.exists():
         print(table(json.loads(path.read_text())["results"]))
     return 0
