@@ -155,11 +155,13 @@ def rebuild(name: str, batch: int, args) -> dict:
 
 
 def relative_err(out, ref) -> float:
-    """max |out - ref| / max |ref| of the first output (a transformer's last hidden state)."""
+    """max |out - ref| / max |ref| of the first output (a transformer's last hidden state), in float64 on the CPU
+    (so the two may be on different devices)."""
     out = out[0] if isinstance(out, list | tuple) else out
     ref = ref[0] if isinstance(ref, list | tuple) else ref
     out, ref = getattr(out, "last_hidden_state", out), getattr(ref, "last_hidden_state", ref)
-    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    return float((out - ref).abs().max() / ref.abs().max())
 
 
 def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:

@@ -26,16 +26,9 @@ import time
 from pathlib import Path
 
 from _cli import ROOT, bad_input
+from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
-
-
-def relative_err(out, ref) -> float:
-    """max |out - ref| / max |ref| of the first output, in float64."""
-    out = out[0] if isinstance(out, list | tuple) else out
-    ref = ref[0] if isinstance(ref, list | tuple) else ref
-    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
-    return float((out - ref).abs().max() / ref.abs().max())
 
 
 def measure(name: str, batch: int, device: str) -> list[dict]:
