@@ -371,3 +371,30 @@ def test_capturer_merges_sibling_convolutions_in_fused_regions_and_takes_its_sav
     assert again.backend.cut == "saved" and again.backend.merged_groups == plan.meta["merged"]
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_region_takes_inputs_whose_strides_differ_from_its_compiled_ones():
+    """A region's code asserts its eager example inputs' strides; its producer, compiled too, may return a
+    contiguous tensor where eager returned a view (shufflenet's channel split at batch 8) or padded strides,
+    alone or inside the tuple of a ``chunk`` that crosses the region's border."""
+    from opbench.runtime.fused import RegionCall, _aten_graph
+
+    class Half(torch.nn.Module):
+        def forward(self, x, pair):
+            return torch.relu(x) * 2 + pair[1]
+
+    whole = torch.randn(4, 16, 5, 5)
+    view = whole[:, :8]  # a channel split: strides of the 16-channel tensor
+    pair = whole.chunk(2, dim=1)
+    graph, spec = _aten_graph(Half(), [view, pair], [], [])
+    artifact = torch._inductor.standalone_compile(graph, [view, *pair], dynamic_shapes="from_example_inputs")
+    contiguous = view.contiguous()
+    with pytest.raises(AssertionError, match="stride"):  # the compiled code alone refuses other strides
+        artifact(contiguous, *pair)
+    call = RegionCall(artifact, [], spec, [view, pair])
+    padded = torch.empty_strided(view.shape, (8 * 25 + 4, 25, 5, 1))
+    padded.copy_(view)
+    want = Half()(view, pair)
+    for x in (view, contiguous, padded):
+        for p in (pair, tuple(t.contiguous() for t in pair), [padded, padded]):
+            torch.testing.assert_close(call(x, p), want if p[1] is not padded else torch.relu(x) * 2 + padded)

@@ -54,15 +54,45 @@ CLOSE = 5e-2
 class RegionCall:
     """A region compiled ahead of time: Inductor's code for the region's ATen operators, called with the
     region's inputs and then its parameters and buffers. They are passed, not baked into the code, so that
-    regions of one structure (a network's repeated cells) share one compiled artifact."""
+    regions of one structure (a network's repeated cells) share one compiled artifact.
 
-    def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any) -> None:
+    The code was compiled for its example inputs' strides (``inputs``: those of the eager run) and asserts
+    them, while a region's producers are compiled regions too, whose outputs Inductor may lay out otherwise
+    (padded strides, a contiguous tensor where eager returned a view): an input tensor whose strides differ,
+    alone or inside a tuple or list (a ``chunk``'s outputs passed on whole), is copied into the strides the
+    code expects."""
+
+    def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any, inputs: Sequence[Any] = ()) -> None:
+        import torch
+
         self.artifact, self.tensors, self.spec = artifact, list(tensors), spec
+        leaves = torch.utils._pytree.tree_leaves(list(inputs))
+        self.strides = [tuple(x.stride()) if isinstance(x, torch.Tensor) else None for x in leaves]
+        # inputs that are all tensors need no flattening on each call
+        self.flat = len(leaves) == len(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
 
     def __call__(self, *inputs: Any) -> Any:
         import torch
 
+        if self.flat:
+            inputs = tuple(_restrided(x, stride) for x, stride in zip(inputs, self.strides, strict=True))
+        elif self.strides:
+            leaves, tree = torch.utils._pytree.tree_flatten(list(inputs))
+            inputs = tuple(torch.utils._pytree.tree_unflatten(
+                [_restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)], tree))
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
+
+
+def _restrided(x: Any, stride: tuple[int, ...] | None) -> Any:
+    """``x``, or a copy of it in ``stride`` when its own strides differ (a size-1 dimension's stride aside)."""
+    import torch
+
+    if stride is None or not isinstance(x, torch.Tensor) or all(
+            a == b or n == 1 for a, b, n in zip(x.stride(), stride, x.shape, strict=True)):
+        return x
+    out = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+    out.copy_(x)
+    return out
 
 
 def _state_items(region: Any) -> list[tuple[str, Any]]:
@@ -441,7 +471,7 @@ class RegionCompiler:
         if traced is not None:
             try:
                 artifact, how = self._artifact(traced.graph, traced.values, traced.key)
-                call = RegionCall(artifact, traced.tensors, traced.spec)
+                call = RegionCall(artifact, traced.tensors, traced.spec, inputs)
                 # what an earlier region of this build ran and checked needs no run: the same code on values
                 # of the same metadata (a quick key's link to its artifact is checked once for each quick key)
                 checked = (traced.key, traced.quick if traced.graph is None else None)
