@@ -128,6 +128,27 @@ def test_fused_capturer_equals_the_model_and_is_not_slower_than_torch_compile():
         torch.backends.cudnn.allow_tf32 = True
 
 
+def test_fused_regions_take_the_strides_their_compiled_producers_hand_them():
+    """shufflenet_v2_x1_0 at batch 8: on the GPU, a region's compiled producer hands it padded strides or a
+    contiguous tensor where eager passed a ``chunk`` view, which the region's code was not compiled for; each
+    region still runs, in order, and the outputs equal the model's (TF32 off)."""
+    from opbench.models import get_source
+    from opbench.runtime.fused import FusedBackend
+
+    model, x = get_source("local").torch_model("shufflenet_v2_x1_0", 8)
+    model, x = model.cuda().eval(), x.cuda()
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        backend = FusedBackend(model, [x], store=None)
+        backend.set_inputs([x])
+        with torch.no_grad():
+            for op in range(len(backend.graph)):
+                backend.launch(op)
+            torch.testing.assert_close(backend.outputs()[0], model(x), rtol=1e-3, atol=1e-3)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def _googlenet():
     from opbench.models import get_source
 

@@ -202,21 +202,28 @@ class WithDropout(torch.nn.Module):
         return torch.cat([torch.relu(self.a(x)), torch.sigmoid(self.b(x)), self.d(x)], 1)
 
 
-def test_a_region_that_computes_nothing_runs_its_graph_and_is_neither_compiled_nor_marked(tmp_path):
+def test_a_region_that_computes_nothing_runs_its_graph_and_is_neither_compiled_nor_marked(tmp_path, monkeypatch):
     """The dropout's region has no operator: Inductor would give an artifact it cannot store (so every later
-    build compiled it again); it runs its ATen graph instead, and the outputs equal the model's."""
+    build compiled it again); it runs its ATen graph instead, and the outputs equal the model's. Its quick key's
+    entry says so, so that a later build runs it as it is, tracing no region to ATen."""
+    from opbench.runtime import fused
     from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
     from opbench.schedule import get_scheduler
 
+    traced = []
+    trace = fused._aten_graph
+    monkeypatch.setattr(fused, "_aten_graph", lambda *a: traced.append(a[0]) or trace(*a))
     torch.manual_seed(0)
     model, x = WithDropout().eval(), torch.randn(1, 8, 10, 10)
     with torch.no_grad():
         expected = model(x)
     for build in ("cold", "warm"):
+        traced.clear()
         backend = FusedBackend(model, [x], store=tmp_path)
         assert backend.built.get("no_operators") == 1 and not backend.fallbacks, build
         assert backend.built.get("compiled" if build == "cold" else "loaded") == len(backend.regions) - 1
+        assert len(traced) == (len(backend.regions) if build == "cold" else 0), build
         out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     assert not list(tmp_path.glob("*.unstored")) and len(list(tmp_path.glob("*.bin"))) == len(backend.regions) - 1

@@ -46,6 +46,9 @@ WORKERS_FROM = 12
 #: structures compiled here first, and the seconds each must take on average (Inductor's caches cold) for workers
 #: to start; warm, a structure compiles here in 0.1-0.3 s, and workers took 16 s for googlenet's 42 (H100 host)
 PROBES, COLD_S = 2, 1.0
+#: the artifact key of an index entry that says its region computes nothing (:func:`_no_operators`): a later
+#: build runs such a region as it is, without tracing it to ATen to find that out again
+NO_OPERATORS = "no_operators"
 #: how far (relative norm) a region found through its quick key may be from the region's own outputs: Inductor's
 #: rounding differs from eager's by far less; code of another region by far more
 CLOSE = 5e-2
@@ -260,7 +263,8 @@ class RegionCompiler:
     counts:
         How each region was built: ``compiled`` (here), ``compiled_by_workers``, ``loaded`` (stored by an
         earlier build), ``shared`` (a region of the same structure earlier in this build), ``no_operators`` (a
-        region that computes nothing, run as its ATen graph: :func:`_no_operators`), ``torch.compile``, ``aten``.
+        region that computes nothing: :func:`_no_operators`; run as its ATen graph, or, found so by its quick key's
+        entry in a later build, as it is), ``torch.compile``, ``aten``.
     seconds:
         Where the time went: ``trace`` (to ATen), ``workers`` (their compiles, wall), ``compile`` and ``load``
         (the artifacts), ``run`` (each region once, but once for each structure and quick key: a region
@@ -412,7 +416,9 @@ class RegionCompiler:
             try:
                 if index.is_file():
                     found = json.loads(index.read_text())
-                    if self._path(found["key"]).is_file():
+                    if found["key"] == NO_OPERATORS:
+                        self._entries[quick] = (NO_OPERATORS, None)
+                    elif self._path(found["key"]).is_file():
                         self._entries[quick] = (found["key"], torch.utils._pytree.treespec_loads(found["spec"]))
             except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
                 log.info("region %s: index entry not used (%s)", name, first_line(err))
@@ -468,6 +474,9 @@ class RegionCompiler:
              traced: _Traced | None) -> tuple[Any, str | None]:
         import torch
 
+        if traced is not None and traced.key == NO_OPERATORS:  # its entry says it computes nothing
+            self._count("no_operators")
+            return region, None
         if traced is not None:
             try:
                 artifact, how = self._artifact(traced.graph, traced.values, traced.key)
@@ -503,16 +512,19 @@ class RegionCompiler:
         return compiled, why
 
     def _remember(self, traced: _Traced) -> None:
-        """Point the region's quick key at its stored artifact, for later builds."""
+        """Point the region's quick key at its stored artifact, or say that the region computes nothing, for
+        later builds."""
         import torch
 
         index = self._index(traced.quick)
+        nothing = traced.graph is not None and _no_operators(traced.graph)
         if traced.graph is None or index is None or traced.quick in self._remembered \
-                or not self._path(traced.key).is_file():
+                or not (nothing or self._path(traced.key).is_file()):
             return  # found through its entry, no quick key, written already by this build, or not stored
         self._remembered.add(traced.quick)
         with contextlib.suppress(OSError, TypeError, ValueError):  # an output tree without JSON form: no entry
-            entry = {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)}
+            entry = {"key": NO_OPERATORS} if nothing else \
+                {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)}
             index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with written_whole(index) as part:
                 part.write_text(json.dumps(entry))
