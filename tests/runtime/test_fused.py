@@ -405,3 +405,4 @@ def test_a_region_takes_inputs_whose_strides_differ_from_its_compiled_ones():
     for x in (view, contiguous, padded):
         for p in (pair, tuple(t.contiguous() for t in pair), [padded, padded]):
             torch.testing.assert_close(call(x, p), want if p[1] is not padded else torch.relu(x) * 2 + padded)
+    assert call.copies == 2 * 3 + 3 * 2 + 3 * 2  # x twice of three, then each pair's two tensors twice of three

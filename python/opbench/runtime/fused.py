@@ -63,7 +63,7 @@ class RegionCall:
     them, while a region's producers are compiled regions too, whose outputs Inductor may lay out otherwise
     (padded strides, a contiguous tensor where eager returned a view): an input tensor whose strides differ,
     alone or inside a tuple or list (a ``chunk``'s outputs passed on whole), is copied into the strides the
-    code expects."""
+    code expects; :attr:`copies` counts those copies over every call (a CUDA Graph captures them once)."""
 
     def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any, inputs: Sequence[Any] = ()) -> None:
         import torch
@@ -73,29 +73,31 @@ class RegionCall:
         self.strides = [tuple(x.stride()) if isinstance(x, torch.Tensor) else None for x in leaves]
         # inputs that are all tensors need no flattening on each call
         self.flat = len(leaves) == len(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
+        self.copies = 0
 
     def __call__(self, *inputs: Any) -> Any:
         import torch
 
         if self.flat:
-            inputs = tuple(_restrided(x, stride) for x, stride in zip(inputs, self.strides, strict=True))
+            inputs = tuple(self._restrided(x, stride) for x, stride in zip(inputs, self.strides, strict=True))
         elif self.strides:
             leaves, tree = torch.utils._pytree.tree_flatten(list(inputs))
             inputs = tuple(torch.utils._pytree.tree_unflatten(
-                [_restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)], tree))
+                [self._restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)], tree))
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
 
-def _restrided(x: Any, stride: tuple[int, ...] | None) -> Any:
-    """``x``, or a copy of it in ``stride`` when its own strides differ (a size-1 dimension's stride aside)."""
-    import torch
+    def _restrided(self, x: Any, stride: tuple[int, ...] | None) -> Any:
+        """``x``, or a copy of it in ``stride`` when its own strides differ (a size-1 dimension's stride aside)."""
+        import torch
 
-    if stride is None or not isinstance(x, torch.Tensor) or all(
-            a == b or n == 1 for a, b, n in zip(x.stride(), stride, x.shape, strict=True)):
-        return x
-    out = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
-    out.copy_(x)
-    return out
+        if stride is None or not isinstance(x, torch.Tensor) or all(
+                a == b or n == 1 for a, b, n in zip(x.stride(), stride, x.shape, strict=True)):
+            return x
+        self.copies += 1
+        out = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+        out.copy_(x)
+        return out
 
 
 def _state_items(region: Any) -> list[tuple[str, Any]]:
@@ -704,6 +706,7 @@ class FusedBackend(TorchBackend):
         compiler = RegionCompiler(None if store is None else Path(store), compile_jobs(jobs))
         built = compiler.compile_all([(name, region, seen[name], produced[name])
                                       for name, region in split.named_children() if name in seen])
+        self._calls = {name: call for name, (call, _) in built.items() if isinstance(call, RegionCall)}
         for name, (compiled[name], why) in built.items():
             if why is not None:
                 self.fallbacks[name] = why
@@ -725,6 +728,12 @@ class FusedBackend(TorchBackend):
     def merged_groups(self) -> list[list[str]]:
         """The groups of sibling convolutions merged before the cut, by node name of the traced graph."""
         return self._merged
+
+    @property
+    def restrided(self) -> dict[str, int]:
+        """Region (submodule) name -> how many inputs its calls so far copied into the strides its code was
+        compiled for (:class:`RegionCall`), for the regions that copied any."""
+        return {name: call.copies for name, call in self._calls.items() if call.copies}
 
     def schedule_meta(self) -> dict[str, Any]:
         return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups}
