@@ -63,7 +63,11 @@ class RegionCall:
     them, while a region's producers are compiled regions too, whose outputs Inductor may lay out otherwise
     (padded strides, a contiguous tensor where eager returned a view): an input tensor whose strides differ,
     alone or inside a tuple or list (a ``chunk``'s outputs passed on whole), is copied into the strides the
-    code expects; :attr:`copies` counts those copies over every call (a CUDA Graph captures them once)."""
+    code expects; :attr:`copies` counts those copies over every call (a CUDA Graph captures them once).
+
+    Compiled code takes its inputs flat, a tuple's tensors one by one (its ATen graph's placeholders): code
+    compiled here would also take the tuple, but code loaded from the store does not. A region that computes
+    nothing runs its ATen graph, which takes the inputs as the region does."""
 
     def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any, inputs: Sequence[Any] = ()) -> None:
         import torch
@@ -73,6 +77,7 @@ class RegionCall:
         self.strides = [tuple(x.stride()) if isinstance(x, torch.Tensor) else None for x in leaves]
         # inputs that are all tensors need no flattening on each call
         self.flat = len(leaves) == len(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
+        self.takes_flat = not isinstance(artifact, torch.fx.GraphModule)  # compiled code, not an ATen graph
         self.copies = 0
 
     def __call__(self, *inputs: Any) -> Any:
@@ -82,22 +87,39 @@ class RegionCall:
             inputs = tuple(self._restrided(x, stride) for x, stride in zip(inputs, self.strides, strict=True))
         elif self.strides:
             leaves, tree = torch.utils._pytree.tree_flatten(list(inputs))
-            inputs = tuple(torch.utils._pytree.tree_unflatten(
-                [self._restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)], tree))
+            leaves = [self._restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)]
+            inputs = tuple(leaves) if self.takes_flat else tuple(torch.utils._pytree.tree_unflatten(leaves, tree))
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
+
+    def differs(self, inputs: Sequence[Any]) -> bool:
+        """Whether some tensor of ``inputs`` (this region's, as a call passes them) has other strides than the
+        code was compiled for."""
+        import torch
+
+        leaves = torch.utils._pytree.tree_leaves(list(inputs))
+        return len(leaves) == len(self.strides) and not all(
+            _strides_match(x, stride) for x, stride in zip(leaves, self.strides, strict=True))
 
     def _restrided(self, x: Any, stride: tuple[int, ...] | None) -> Any:
         """``x``, or a copy of it in ``stride`` when its own strides differ (a size-1 dimension's stride aside)."""
         import torch
 
-        if stride is None or not isinstance(x, torch.Tensor) or all(
-                a == b or n == 1 for a, b, n in zip(x.stride(), stride, x.shape, strict=True)):
+        if _strides_match(x, stride):
             return x
         self.copies += 1
         out = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
         out.copy_(x)
         return out
+
+
+def _strides_match(x: Any, stride: tuple[int, ...] | None) -> bool:
+    """Whether ``x`` is not a tensor, or has ``stride`` (or no expected ``stride``), a size-1 dimension's stride
+    aside (Inductor's check skips those)."""
+    import torch
+
+    return stride is None or not isinstance(x, torch.Tensor) or all(
+        a == b or n == 1 for a, b, n in zip(x.stride(), stride, x.shape, strict=True))
 
 
 def _state_items(region: Any) -> list[tuple[str, Any]]:
@@ -309,7 +331,8 @@ class RegionCompiler:
         import torch
 
         if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
-            return self._built[key], self._probed.pop(key, "shared")
+            nothing = graph is not None and _no_operators(graph)
+            return self._built[key], "no_operators" if nothing else self._probed.pop(key, "shared")
         if graph is not None and _no_operators(graph):  # nothing to compile, load or store
             self._built[key] = graph
             return graph, "no_operators"
@@ -429,10 +452,13 @@ class RegionCompiler:
     def _trace(self, name: str, region: Any, inputs: Sequence[Any]) -> _Traced | None:
         """The region ready for its artifact: found through its quick key when a build stored it, else traced
         to ATen; None when it cannot be traced (then Dynamo's way)."""
+        import torch
 
         clock = time.perf_counter()
         names, tensors = _state(region)
-        values = [*inputs, *tensors]
+        # flat: a tuple's tensors one by one, as the compiled code takes them (keys see their metadata, never a
+        # tuple's repr, which would hold the tensors' values)
+        values = [*torch.utils._pytree.tree_leaves(list(inputs)), *tensors]
         try:
             quick = _quick_key(region, values) if self.folder is not None else None
         except Exception as err:  # a module whose repr fails, say: no quick key
@@ -614,6 +640,37 @@ def compile_jobs(jobs: int | None) -> int:
     return worker_count(jobs, "OPBENCH_COMPILE_JOBS", default)
 
 
+def _compile_for_handed_strides(split: Any, inputs: Sequence[Any], built: dict[str, tuple[Any, str | None]],
+                                compiler: RegionCompiler, produced: dict[str, Any]) -> list[str]:
+    """Run the split graph once with its compiled regions, in order, and compile again, for the strides it is
+    handed, each region whose code was compiled for other ones (the eager run's: a compiled producer may pad
+    strides or return a contiguous tensor where eager returned a view), so that no call copies its inputs into
+    the strides its code expects (:class:`RegionCall`). ``built`` (name -> (callable, why)) is updated in place;
+    returns the names of the regions compiled again. A later build finds their code through their quick keys,
+    which hold the strides handed."""
+    import torch
+    from torch.fx.interpreter import Interpreter
+
+    again: list[str] = []
+
+    class Compiled(Interpreter):
+        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+            call = built[target][0] if target in built else self.fetch_attr(target)
+            if isinstance(call, RegionCall) and not kwargs and call.differs(args):
+                region = split.get_submodule(target)
+                built[target] = compiler.compile_all([(target, region, list(args), produced[target])])[target]
+                call = built[target][0]
+                again.append(target)
+            return call(*args, **kwargs)
+
+    with torch.no_grad():
+        Compiled(split).run(*inputs)
+    if again:
+        log.info("%d regions compiled again for the strides their compiled producers hand them: %s", len(again),
+                 ", ".join(again))
+    return again
+
+
 class FusedBackend(TorchBackend):
     """A torch model's regions, each compiled by Inductor (see the module docstring).
 
@@ -652,6 +709,12 @@ class FusedBackend(TorchBackend):
         Region name -> why it runs its ATen operators.
     merged_groups:
         The groups of sibling convolutions merged, by node name (empty without ``merge``).
+    recompiled:
+        The regions compiled again for the strides their compiled producers hand them
+        (:func:`_compile_for_handed_strides`).
+    restrided:
+        The regions whose calls copied inputs into their code's strides, and how many (:class:`RegionCall`; none
+        after :attr:`recompiled`, unless strides change later).
     """
 
     name = "fused"
@@ -706,6 +769,7 @@ class FusedBackend(TorchBackend):
         compiler = RegionCompiler(None if store is None else Path(store), compile_jobs(jobs))
         built = compiler.compile_all([(name, region, seen[name], produced[name])
                                       for name, region in split.named_children() if name in seen])
+        self.recompiled = _compile_for_handed_strides(split, inputs, built, compiler, produced)
         self._calls = {name: call for name, (call, _) in built.items() if isinstance(call, RegionCall)}
         for name, (compiled[name], why) in built.items():
             if why is not None:
