@@ -91,7 +91,6 @@ class RegionCall:
             inputs = tuple(leaves) if self.takes_flat else tuple(torch.utils._pytree.tree_unflatten(leaves, tree))
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
-
     def differs(self, inputs: Sequence[Any]) -> bool:
         """Whether some tensor of ``inputs`` (this region's, as a call passes them) has other strides than the
         code was compiled for."""
