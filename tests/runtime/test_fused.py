@@ -474,3 +474,38 @@ def test_a_region_that_takes_a_chunk_s_tuple_is_loaded_by_a_later_build(tmp_path
         assert backend.built == {"compiled" if build == "cold" else "loaded": len(backend.regions)}, build
         out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+class Positions(torch.nn.Module):
+    """BERT's position ids: an ``arange`` made from no input, read by two embeddings (so a region of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.emb = torch.nn.Embedding(16, 8)
+        self.emb2 = torch.nn.Embedding(16, 8)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1]).unsqueeze(0)
+        return torch.relu(self.a(x)) + self.emb(pos).transpose(1, 2) * self.emb2(pos).transpose(1, 2)
+
+
+def test_a_region_made_from_no_input_computes_nothing_and_is_not_compiled(tmp_path):
+    """The positions' region reads no input: it runs its ATen graph, is neither compiled nor stored (Inductor's
+    graph of such a region has no outputs, and BERT's could not be stored, so every later build compiled them
+    again), and a later build runs it as it is; the outputs equal the model's."""
+    from opbench.runtime import fused
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    model, x = Positions().eval(), torch.randn(1, 8, 16)
+    with torch.no_grad():
+        expected = model(x)
+    for build in ("cold", "warm"):
+        backend = fused.FusedBackend(model, [x], store=tmp_path)
+        assert ["getattr_1", "getitem", "arange", "unsqueeze"] in backend.regions
+        assert backend.built.get("no_operators") == 1, build
+        assert backend.built.get("compiled" if build == "cold" else "loaded") == len(backend.regions) - 2, build
+        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

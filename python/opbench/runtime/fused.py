@@ -155,9 +155,29 @@ def _aten_graph(region: Any, inputs: Sequence[Any], names: Sequence[str], tensor
 
 
 def _no_operators(graph: Any) -> bool:
-    """Whether an ATen graph computes nothing (its outputs are its inputs: an identity, a dropout in eval mode):
-    Inductor then generates no code, and its artifact cannot be stored, so the graph itself is the region's code."""
-    return not any(n.op in ("call_function", "call_method", "call_module", "get_attr") for n in graph.graph.nodes)
+    """Whether an ATen graph computes nothing from its inputs: each output is an input, a view of one (an
+    identity, a dropout in eval mode, a ``view``), or made from no input at all (BERT's position ids: an
+    ``arange`` and views of it). Inductor's graph then has no outputs and its artifact cannot be stored (every
+    later build compiled it again), so the graph itself is the region's code."""
+    import operator
+
+    import torch
+
+    computes: dict[Any, bool] = {}  # node -> whether it computes from an input through more than views
+    reads: dict[Any, bool] = {}  # node -> whether it depends on an input at all
+    for node in graph.graph.nodes:
+        args = node.all_input_nodes
+        if node.op == "placeholder":
+            computes[node], reads[node] = False, True
+        elif node.op == "call_function" and (node.target is operator.getitem or (
+                isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)):
+            computes[node], reads[node] = any(computes[a] for a in args), any(reads[a] for a in args)
+        elif node.op == "output":
+            return not any(computes[a] for a in args)
+        else:  # an operator that computes (an input's values, or values of its own)
+            reads[node] = any(reads[a] for a in args)
+            computes[node] = reads[node] or node.op in ("call_module", "call_method")
+    return True
 
 
 def _has_constants(graph: Any) -> bool:
