@@ -337,15 +337,16 @@ def measure_one(name: str, batch: int, args) -> None:
     import torch
     from filelock import FileLock
 
+    from opbench.utils import written_whole
+
     path = Path(args.out) / args.name
     with FileLock(f"{path}.lock"):  # processes on other GPUs file their rows into the same file
         doc = json.loads(path.read_text()) if path.exists() else {"results": []}
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
                    settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
-        part = path.with_suffix(".part")
-        part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        part.replace(path)  # a reader never sees half a file
+        with written_whole(path) as part:  # a reader never sees half a file
+            part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def measure_in_new_process(item: tuple[str, int, str], out: Path, args, flags: list[str], deadline: float,
