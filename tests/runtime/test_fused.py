@@ -43,6 +43,14 @@ class WithGraphBreak(torch.nn.Module):
         return _host_side(self.block(x))
 
 
+def _greedy(backend):
+    """``backend``'s outputs, run under the greedy scheduler's schedule."""
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import get_scheduler
+
+    return ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()
+
+
 @pytest.fixture(scope="module")
 def block():
     torch.manual_seed(0)
@@ -69,8 +77,6 @@ def test_fused_regions_equal_the_model_under_every_schedule(block):
 
 def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
     from opbench.runtime.backend import KernelBackend
-    from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import get_scheduler
 
     torch.manual_seed(0)
     model, x = WithGraphBreak().eval(), torch.randn(1, 8, 6, 6)
@@ -78,7 +84,7 @@ def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
         backend = KernelBackend.create("fused", model, [x])
     assert len(backend.fallbacks) == 1
     assert sum("runs its ATen operators" in r.message for r in caplog.records) == 1  # logged once
-    out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()
+    out = _greedy(backend)
     with torch.no_grad():
         torch.testing.assert_close(out[0], model(x), rtol=1e-4, atol=1e-5)
 
@@ -97,9 +103,7 @@ class TwoBlocks(torch.nn.Module):
 
 def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp_path, monkeypatch):
     from opbench.runtime import fused
-    from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
-    from opbench.schedule import get_scheduler
 
     torch.manual_seed(0)
     model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
@@ -108,7 +112,7 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
 
     def built(store, jobs=1):
         backend = FusedBackend(model, [x], store=store, jobs=jobs)
-        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        out = _greedy(backend)[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
         return backend
 
@@ -217,9 +221,7 @@ def test_a_region_that_computes_nothing_runs_its_graph_and_is_neither_compiled_n
     build compiled it again); it runs its ATen graph instead, and the outputs equal the model's. Its quick key's
     entry says so, so that a later build runs it as it is, tracing no region to ATen."""
     from opbench.runtime import fused
-    from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
-    from opbench.schedule import get_scheduler
 
     traced = []
     trace = fused._aten_graph
@@ -234,7 +236,7 @@ def test_a_region_that_computes_nothing_runs_its_graph_and_is_neither_compiled_n
         assert backend.built.get("no_operators") == 1 and not backend.fallbacks, build
         assert backend.built.get("compiled" if build == "cold" else "loaded") == len(backend.regions) - 1
         assert len(traced) == (len(backend.regions) if build == "cold" else 0), build
-        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        out = _greedy(backend)[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     assert not list(tmp_path.glob("*.unstored")) and len(list(tmp_path.glob("*.bin"))) == len(backend.regions) - 1
 
@@ -360,8 +362,6 @@ def test_the_blocks_cut_times_the_operators_and_merges_what_is_not_worth_splitti
     from opbench.ir.regions import fx_operator_dag
     from opbench.pipeline.compile import torch_backend
     from opbench.runtime.backend import KernelBackend
-    from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import get_scheduler
 
     model, x = block
     backend = torch_backend(model, [x], kernels="fused", cut="blocks")
@@ -372,7 +372,7 @@ def test_the_blocks_cut_times_the_operators_and_merges_what_is_not_worth_splitti
     with torch.no_grad():
         expected = model(x)
     for b in (backend, merged):
-        out = ParallelExecutor(b, get_scheduler("greedy").schedule(b.graph)).run()[0]
+        out = _greedy(b)[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -438,8 +438,6 @@ def test_regions_handed_padded_strides_by_their_producer_compile_for_them_or_cop
     padded strides, not the eager run's its consumers were compiled for: the consumers are compiled again for
     the strides they are handed (no copy), or, without that pass, copy their inputs; outputs equal the model's."""
     from opbench.runtime import fused
-    from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import get_scheduler
 
     if not compile_again:
         monkeypatch.setattr(fused, "_compile_for_handed_strides", lambda *args: [])
@@ -447,7 +445,7 @@ def test_regions_handed_padded_strides_by_their_producer_compile_for_them_or_cop
     model, x = ChannelSplit().eval(), torch.randn(4, 8, 7, 7)
     with torch._inductor.config.patch(disable_padding_cpu=False):
         backend = fused.FusedBackend(model, [x], store=None)
-        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        out = _greedy(backend)[0]
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     if compile_again:
@@ -460,8 +458,6 @@ def test_a_region_that_takes_a_chunk_s_tuple_is_loaded_by_a_later_build(tmp_path
     """The chunk's tuple crosses the border of the regions that read its halves: their stored code takes the
     tuple's tensors one by one, and a later build loads and runs it (it used to fall back to torch.compile)."""
     from opbench.runtime import fused
-    from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import get_scheduler
 
     torch.manual_seed(0)
     model, x = ChannelSplit().eval(), torch.randn(4, 8, 7, 7)
@@ -472,7 +468,7 @@ def test_a_region_that_takes_a_chunk_s_tuple_is_loaded_by_a_later_build(tmp_path
         calls = [c for c in backend.traced.modules.values() if isinstance(c, fused.RegionCall)]
         assert any(not c.flat for c in calls), "no region takes a tuple: this test no longer tests that"
         assert backend.built == {"compiled" if build == "cold" else "loaded": len(backend.regions)}, build
-        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        out = _greedy(backend)[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -495,8 +491,6 @@ def test_a_region_made_from_no_input_computes_nothing_and_is_not_compiled(tmp_pa
     graph of such a region has no outputs, and BERT's could not be stored, so every later build compiled them
     again), and a later build runs it as it is; the outputs equal the model's."""
     from opbench.runtime import fused
-    from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import get_scheduler
 
     torch.manual_seed(0)
     model, x = Positions().eval(), torch.randn(1, 8, 16)
@@ -507,7 +501,7 @@ def test_a_region_made_from_no_input_computes_nothing_and_is_not_compiled(tmp_pa
         assert ["getattr_1", "getitem", "arange", "unsqueeze"] in backend.regions
         assert backend.built.get("no_operators") == 1, build
         assert backend.built.get("compiled" if build == "cold" else "loaded") == len(backend.regions) - 2, build
-        out = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph)).run()[0]
+        out = _greedy(backend)[0]
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
