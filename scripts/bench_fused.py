@@ -14,7 +14,10 @@ the model and its inputs cast to ``--dtype``):
 
 At the end of each model the four callables are timed again side by side, alternating, and the
 medians of those rounds are the table's figures; the same callables are then timed once more by the
-capturer's own timer and rounds (``ms_capturer_timer``), to tell a timer's difference from the moment's.
+capturer's own timer and rounds (``ms_capturer_timer``), to tell a timer's difference from the moment's,
+with each callable's host ms a call (``host_ms``) and its GPU ms a call with the host's time left out
+(``device_ms``, behind a spin kernel), as the capturer's own rows have them: a call whose host time nears
+its GPU time is as fast as a busy host lets it be.
 Each (model, batch, dtype) is measured in a process of its own, one after the other (``--dtypes`` takes
 several precisions), or with ``--gpus 0,1,...`` one process per GPU at a time, each seeing only its GPU;
 results go to ``OUT/bench_fused.json`` after every one (a re-run with the same OUT skips what is there); a
@@ -193,16 +196,18 @@ def side_by_side(runs: dict, rounds: int, number: int) -> dict:
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
-def capturer_timer(runs: dict, repeat: int, number: int) -> dict:
+def capturer_timer(runs: dict, repeat: int, number: int) -> tuple[dict, dict, dict]:
     """Medians (ms) of the same callables timed again by the capturer's own code (its timer and interleaved
     rounds, :func:`opbench.pipeline.compare.time_rounds`), after the build: where a row of the capturer's
-    table differs from :func:`side_by_side`, this tells the timer from the moment it was taken."""
-    from opbench.pipeline.compare import ROUNDS, time_rounds
+    table differs from :func:`side_by_side`, this tells the timer from the moment it was taken. Also each
+    callable's host ms a call and its device ms (the host left out), as the capturer's rows have them."""
+    from opbench.pipeline.compare import ROUNDS, device_call_seconds, host_call_seconds, time_rounds
     from opbench.profile.schedule import default_timer
 
     rows = [({"schedule": label}, run) for label, run in runs.items()]
-    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number))
-    return {row["schedule"]: row["latency_ms"] for row, _ in rows}
+    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number),
+                host=host_call_seconds(True, number), device=device_call_seconds(True, number))
+    return tuple({row["schedule"]: row.get(key) for row, _ in rows} for key in ("latency_ms", "host_ms", "device_ms"))
 
 
 def bench(name: str, batch: int, args) -> dict:
@@ -232,6 +237,8 @@ def bench(name: str, batch: int, args) -> dict:
     res["fused_phases"] = fused.phases
     res["fused_table"] = fused.table
     res["fused_kept"] = next(r["schedule"] for r in fused.table if r["kept"])
+    # what the capturer's rule keeps when it compares each row's latency on a quiet host (steady_ms)
+    res["fused_steady_kept"] = next((r["schedule"] for r in fused.table if r.get("steady_kept")), None)
     res["torch_compile_s"] = fused.phases.get("torch_compile_s")
     res["regions_compile_s"] = fused.phases.get("regions_compile_s")
     best = min((r for r in fused.table if r.get("streams") and r["measured"] and r["schedule"] not in
@@ -239,7 +246,8 @@ def bench(name: str, batch: int, args) -> dict:
                key=lambda r: r["latency_ms"])
     res["fused_best_schedule"], res["fused_best_table_ms"] = best["schedule"], best["latency_ms"]
     print(f"  {name}:{batch} fused: {res['fused_build_s']:.1f} s (torch.compile {res['torch_compile_s']:.1f} s, "
-          f"regions {res['regions_compile_s']:.1f} s), kept {res['fused_kept']}", flush=True)
+          f"regions {res['regions_compile_s']:.1f} s), kept {res['fused_kept']} (on a quiet host: "
+          f"{res['fused_steady_kept']})", flush=True)
     regions = fused.backend
     res["regions"], res["region_fallbacks"] = len(regions.regions), regions.fallbacks
     bound = critical_path(regions, args.repeat, args.number)
@@ -274,7 +282,7 @@ def bench(name: str, batch: int, args) -> dict:
     if combo is not None:
         timed["torch.compile + combo kernels"] = call(combo)
     res["ms"] = side_by_side(timed, args.rounds, args.number)
-    res["ms_capturer_timer"] = capturer_timer(timed, args.repeat, args.number)
+    res["ms_capturer_timer"], res["host_ms"], res["device_ms"] = capturer_timer(timed, args.repeat, args.number)
     res["fused_err"] = relative_err(fused(*inputs), ref)
     res["rebuild"] = rebuild_in_new_process(name, batch, Path(args.out), args)
     ms = res["ms"]

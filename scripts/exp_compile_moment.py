@@ -12,7 +12,13 @@ again shows:
 * ``build``: the capturer's own table (``capturer(..., timer=)``);
 * ``after build``: the same baselines and the kept schedule, again in interleaved rounds;
 * ``alone``: the ``torch.compile`` baseline timed alone, five times;
-* ``fresh``: a new ``torch.compile`` of the model in this process, timed alone, five times.
+* ``fresh``: a new ``torch.compile`` of the model in this process, timed alone, five times;
+* ``loaded`` (with ``--load N``): the baselines and the kept result again in interleaved rounds while ``N``
+  processes keep ``N`` of the host's cores busy, as a neighbour's compile does.
+
+Every entry also records the host's CPU use since the previous entry (all cores, percent) and the host
+seconds one call takes to return (``host_ms_per_call``: ``number`` calls without waiting for the GPU): a call
+whose host time nears its GPU time becomes as slow as its host when the host's cores are taken.
 
 Each entry also keeps the GPU's SM clock before and after its samples (NVML), so that a GPU that left a long
 compile at a low clock shows. ``--cold`` starts from empty Inductor and OpBench caches (new folders under
@@ -30,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +53,22 @@ def counters() -> dict:
     return {f"{group}.{key}": value for group, c in torch_counters.items() for key, value in c.items()}
 
 
+def launches(run) -> dict:
+    """The CUDA launch calls (and their count) that three calls of ``run`` make, by the profiler."""
+    from collections import Counter
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    names = Counter(e.name for e in prof.events())
+    return {k: v for k, v in names.items() if "aunch" in k or "Graph" in k or "copy" in k.lower()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output folder")
@@ -54,6 +77,11 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--launches", action="store_true",
+                        help="after each torch.compile entry, count the CUDA launch calls of three calls (profiler): "
+                             "a CUDA Graph replay shows as cudaGraphLaunch, an eager run as one launch per kernel")
+    parser.add_argument("--load", type=int, default=0,
+                        help="also time the candidates while this many busy processes take the host's cores")
     parser.add_argument("--cold", action="store_true",
                         help="empty Inductor and OpBench caches (new folders under --out), as on a new machine")
     args = parser.parse_args()
@@ -64,6 +92,7 @@ def main() -> int:
         os.environ["OPBENCH_CACHE"] = str((out / "opbench-cache").resolve())
 
     import bench_fused
+    import psutil
     import torch
 
     from opbench.parallel import capturer
@@ -88,13 +117,22 @@ def main() -> int:
         before, cpu, wall = counters(), time.process_time(), time.perf_counter()
         samples = base(label, run)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        torch.cuda.synchronize()
+        host = time.perf_counter()
+        for _ in range(args.number):
+            run()
+        host = (time.perf_counter() - host) / args.number
+        torch.cuda.synchronize()
         clocks.append(clock())
         calls = len(samples) * args.number
         after = counters()
         log.append({"moment": moment[0], "label": label, "median_ms": statistics.median(samples) * 1e3,
                     "samples_ms": [s * 1e3 for s in samples], "wall_ms_per_call": wall / calls * 1e3,
-                    "cpu_ms_per_call": cpu / calls * 1e3, "sm_clock_mhz_before_after": clocks,
+                    "cpu_ms_per_call": cpu / calls * 1e3, "host_ms_per_call": host * 1e3,
+                    "host_cpu_percent": psutil.cpu_percent(None), "sm_clock_mhz_before_after": clocks,
                     "counters": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})
+        if args.launches and label.startswith("torch.compile"):
+            log[-1]["launches"] = launches(run)
         return samples
 
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, timer=timer)
@@ -114,15 +152,28 @@ def main() -> int:
     fresh = CompiledModel(model, inputs)
     for _ in range(5):
         timer("torch.compile", call(fresh))
+    if args.load > 0:
+        moment[0] = f"loaded ({args.load} busy processes)"
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+        try:
+            time.sleep(1.0)
+            time_rounds(rows, timer)
+        finally:
+            for proc in burners:
+                proc.kill()
+                proc.wait()
     summary: dict = {}
+    host: dict = {}
     for entry in log:
         summary.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["median_ms"])
+        host.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["host_ms_per_call"])
     result = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "device": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "cold": args.cold, "build_s": fused.build_s, "table": table,
-              "median_ms": {k: statistics.median(v) for k, v in summary.items()}, "log": log}
+              "median_ms": {k: statistics.median(v) for k, v in summary.items()},
+              "host_ms_per_call": {k: statistics.median(v) for k, v in host.items()}, "log": log}
     (out / "exp_compile_moment.json").write_text(json.dumps(result, indent=1, default=str))
     for key, value in result["median_ms"].items():
-        print(f"{key:<60}{value:9.4f} ms")
+        print(f"{key:<60}{value:9.4f} ms  (host {result['host_ms_per_call'][key]:.4f} ms a call)")
     return 0
 
 

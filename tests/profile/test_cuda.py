@@ -195,3 +195,32 @@ def test_sample_with_the_graph_timer_files_its_records_under_their_own_config(cu
     assert by_config["sample:s0"].keys() == by_config["sample:s0:graph"].keys()  # the same candidates, once each
     timed = [v for v in by_config["sample:s0:graph"].values() if v[0] == "ok" and v[1] is not None]
     assert timed and all(median > 0 and number >= 1 and repeats >= 5 for _, median, number, repeats in timed)
+
+
+def test_device_seconds_leaves_the_hosts_time_out():
+    """device_seconds: a kernel alone takes about what CUDA events see back to back; behind a millisecond of
+    host work a call takes at least that millisecond back to back, while its device time stays the kernel's."""
+    import statistics
+    import time
+
+    import torch
+
+    from opbench.profile.timer import cuda_event_samples, device_seconds, host_seconds
+
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def kernel():
+        torch.mm(a, a)
+
+    def host_heavy():
+        time.sleep(1e-3)
+        torch.mm(a, a)
+
+    back_to_back = statistics.median(cuda_event_samples(kernel, 5, 10))
+    alone = device_seconds(kernel, 10)
+    assert alone is not None and abs(alone / back_to_back - 1) < 0.25
+    slow = statistics.median(cuda_event_samples(host_heavy, 3, 10))
+    host = host_seconds(host_heavy, 10, torch.cuda.synchronize)
+    behind = device_seconds(host_heavy, 10, host)
+    assert slow >= 1e-3 and host >= 1e-3
+    assert behind is not None and abs(behind / alone - 1) < 0.25 and behind < 0.6 * slow

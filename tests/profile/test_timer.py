@@ -119,3 +119,22 @@ def test_the_energy_meter_reads_nvmls_counter(monkeypatch):
     meter = cuda.EnergyMeter()
     first, second = meter.read(), meter.read()
     assert meter.available and (first[0], second[0]) == (2_000.0, 2_500.0) and second[1] >= first[1]
+
+
+def test_host_seconds_is_per_call_with_the_synchronisation_outside_the_clock():
+    """host_seconds times ``number`` calls between two synchronize() calls that the clock leaves out."""
+    from opbench.profile.timer import host_seconds
+
+    log = []
+
+    def fn() -> None:
+        log.append("call")
+        time.sleep(0.002)
+
+    def synchronize() -> None:
+        log.append("sync")
+        time.sleep(0.05)
+
+    seconds = host_seconds(fn, 3, synchronize)
+    assert log == ["sync", "call", "call", "call", "sync"]
+    assert 0.002 <= seconds < 0.02  # per call, and neither 50 ms wait inside

@@ -124,6 +124,13 @@ def test_fused_capturer_equals_the_model_and_is_not_slower_than_torch_compile():
             torch.testing.assert_close(run(x), model(x), rtol=1e-3, atol=1e-3)
         assert all(r["sched_error"] == 0.0 for r in run.table if r.get("streams") and r["measured"]
                    and r["schedule"] not in ("model, CUDA Graph", "torch.compile", "torch.compile + combo kernels"))
+        # every measured row has its host and device time a call; a CUDA Graph replay returns at once, and its
+        # device time is its latency (nothing of it is host time)
+        measured = [r for r in run.table if r["measured"]]
+        assert all(r["host_ms"] > 0 and r["device_ms"] > 0 and r["steady_ms"] <= r["latency_ms"] for r in measured)
+        graph = rows["model, CUDA Graph"]
+        assert graph["host_ms"] < 0.2 * graph["latency_ms"] and abs(graph["device_ms"] / graph["latency_ms"] - 1) < 0.2
+        assert sum(r["steady_kept"] for r in run.table) == 1
     finally:
         torch.backends.cudnn.allow_tf32 = True
 

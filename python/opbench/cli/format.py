@@ -138,12 +138,12 @@ def format_tuning(tuning: dict[str, Any]) -> str:
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
-    """The comparison table: schedule, streams, events, latency, speedup, error, scheduling and
-    predicted time (``-`` where a row was not measured or does not apply), and each stream group's SMs
-    when some schedule is SM-partitioned."""
+    """The comparison table: schedule, streams, events, latency, the host time a call takes to return (on a
+    GPU), speedup, error, scheduling and predicted time (``-`` where a row was not measured or does not
+    apply), and each stream group's SMs when some schedule is SM-partitioned."""
     width = max([18, *(len(r["schedule"]) + 2 for r in rows)])
     partitioned = any(r.get("sm", "-") != "-" for r in rows)
-    head = (f"{'schedule':<{width}}{'streams':>8}{'events':>8}{'median ms':>11}{'p90 ms':>9}{'p99 ms':>9}"
+    head = (f"{'schedule':<{width}}{'streams':>8}{'events':>8}{'median ms':>11}{'p90 ms':>9}{'p99 ms':>9}{'host ms':>9}"
             f"{'speedup':>9}{'max err':>10}"
             f"{'sched ms':>10}{'pred ms':>10}" + ("  SMs (streams=SMs)" if partitioned else ""))
     lines = [head, "-" * len(head)]
@@ -156,7 +156,7 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
         sms = f"  {r.get('sm', '-'):<17}" if partitioned else ""
         lines.append(f"{r['schedule']:<{width}}{r['streams']:>8}{r['events']:>8}{num(r['latency_ms'], '.4f', 11)}"
                      f"{num(r.get('p90_ms'), '.4f', 9)}{num(r.get('p99_ms'), '.4f', 9)}"
-                     f"{num(r.get('speedup'), '.2f', 9)}{num(r['error'], '.1e', 10)}"
+                     f"{num(r.get('host_ms'), '.4f', 9)}{num(r.get('speedup'), '.2f', 9)}{num(r['error'], '.1e', 10)}"
                      f"{num(r['scheduling_ms'], '.1f', 10)}{num(r.get('predicted_ms'), '.4f', 10)}{sms}{mark}")
     return "\n".join(lines)
 

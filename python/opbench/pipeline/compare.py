@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import OpBenchError
 from ..profile.schedule import Timer, default_timer, median, operator_times, time_ops
-from ..profile.timer import percentile
+from ..profile.timer import device_seconds, host_seconds, percentile
 from ..runtime.backend import KernelBackend
 from ..runtime.executor import ParallelExecutor
 from ..runtime.graphs import CapturedModel
@@ -248,7 +248,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         rows.append(_row(base.label, None, error=relative_error(outputs, reference)))
         rows[-1]["baseline"] = base
         timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
-    measured = _Measure(backend, timer, reference, inputs)
+    host, device = host_call_seconds(backend.is_cuda, number), device_call_seconds(backend.is_cuda, number)
+    measured = _Measure(backend, timer, reference, inputs, host, device)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, "versions": library_versions(),
                           **backend.schedule_meta()})
@@ -258,7 +259,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         else:
             row["measured"] = False
         rows.append(row)
-    time_rounds(timed, timer)
+    time_rounds(timed, timer, host=host, device=device)
+    _say_host_bound(rows)
     if sm_partition == "auto" and schedule is None:
         rows += _partitioned_rows(backend, rows, cost, measured, measure_top + 1, phases)
     phases["measuring_s"] = time.perf_counter() - clock
@@ -281,17 +283,74 @@ def _user_inputs(bases: Sequence[Any]) -> list[Any] | None:
     return [x.detach().clone() for x in static] if static else None
 
 
-def time_rounds(timed: Sequence[tuple[dict[str, Any], Any]], timer: Timer, rounds: int = ROUNDS) -> None:
+def time_rounds(timed: Sequence[tuple[dict[str, Any], Any]], timer: Timer, rounds: int = ROUNDS,
+                host: Callable[[Any], float] | None = None,
+                device: Callable[[Any, float | None], float | None] | None = None) -> None:
     """Time every ``(row, run)`` with ``timer`` in ``rounds`` interleaved rounds (one ``timer`` call per candidate
     and round, the first candidate of a round rotating), so that a drift of the machine's speed (clocks, a
-    neighbour's load) reaches every candidate alike; each row gets the median and spread of all its samples."""
+    neighbour's load) reaches every candidate alike; each row gets the median and spread of all its samples.
+
+    ``host(run)``: the host seconds one call of ``run`` takes to return (:func:`host_call_seconds`), taken
+    after each of the row's timings; the row's ``host_ms`` is the least of them (a busy host only adds).
+    ``device(run, host_s)``: the GPU seconds a call, whatever the host's speed (:func:`device_call_seconds`;
+    None where it cannot tell), taken after that; the row's ``device_ms`` is their median."""
     samples: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    hosts: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    devices: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     for r in range(rounds if timed else 0):
         shift = r % len(timed)
         for row, run in [*timed[shift:], *timed[:shift]]:
             samples[id(row)] += list(timer(row["schedule"], run))
+            host_s = host(run) if host is not None else None
+            if host_s is not None:
+                hosts[id(row)].append(host_s)
+            device_s = device(run, host_s) if device is not None else None
+            if device_s is not None:
+                devices[id(row)].append(device_s)
     for row, _ in timed:
         row.update(latency_ms=median(samples[id(row)]) * 1e3, **spread_ms(samples[id(row)]))
+        if hosts[id(row)]:
+            row["host_ms"] = min(hosts[id(row)]) * 1e3
+        if devices[id(row)]:
+            row["device_ms"] = median(devices[id(row)]) * 1e3
+
+
+def host_call_seconds(is_cuda: bool, number: int) -> Callable[[Any], float] | None:
+    """For :func:`time_rounds`: ``run``'s host seconds a call (:func:`~opbench.profile.timer.host_seconds`,
+    ``number`` calls, the GPU synchronised outside the clock); None on the CPU, where a call's time is all
+    host time and its latency says it already."""
+    if not is_cuda:
+        return None
+    try:
+        import torch
+    except ImportError:  # a CUDA backend without PyTorch: no host clock beside its timing
+        return None
+    return lambda run: host_seconds(run, number, torch.cuda.synchronize)
+
+
+def device_call_seconds(is_cuda: bool, number: int) -> Callable[[Any, float | None], float | None] | None:
+    """For :func:`time_rounds`: ``run``'s GPU seconds a call, the host's speed left out
+    (:func:`~opbench.profile.timer.device_seconds`, ``number`` calls behind a spin kernel); None on the CPU."""
+    if not is_cuda:
+        return None
+    try:
+        import torch  # noqa: F401  (the spin kernel and the events are PyTorch's)
+    except ImportError:
+        return None
+    return lambda run, host_s: device_seconds(run, number, host_s)
+
+
+#: a row whose call takes at least this share of its latency on the host is said to be host-bound (INFO)
+HOST_BOUND_SHARE = 0.5
+
+
+def _say_host_bound(rows: Sequence[dict[str, Any]]) -> None:
+    """One INFO line per measured row whose host time a call is :data:`HOST_BOUND_SHARE` of its latency or more."""
+    for row in rows:
+        host_ms, latency_ms = row.get("host_ms"), row.get("latency_ms")
+        if host_ms is not None and latency_ms and host_ms >= HOST_BOUND_SHARE * latency_ms:
+            log.info("%s: a call takes %.3f ms of host time, %.0f %% of its %.3f ms: a busy host slows it",
+                     row["schedule"], host_ms, 100 * host_ms / latency_ms, latency_ms)
 
 
 class _Measure:
@@ -300,8 +359,10 @@ class _Measure:
     (``executor.run(inputs)``: the inputs copied in, the graph replayed), as the baselines are."""
 
     def __init__(self, backend: KernelBackend, timer: Timer, reference: Sequence[np.ndarray] | None,
-                 inputs: Sequence[Any] | None = None) -> None:
+                 inputs: Sequence[Any] | None = None, host: Callable[[Any], float] | None = None,
+                 device: Callable[[Any, float | None], float | None] | None = None) -> None:
         self.backend, self.timer, self.reference, self.inputs = backend, timer, reference, inputs
+        self.host, self.device = host, device
         self.sequential: list[np.ndarray] | None = None
 
     def prepare(self, row: dict[str, Any]) -> Any:
@@ -316,7 +377,7 @@ class _Measure:
         return executor.cuda_graph.replay if executor.cuda_graph is not None else executor.run
 
     def __call__(self, row: dict[str, Any]) -> None:
-        time_rounds([(row, self.prepare(row))], self.timer)
+        time_rounds([(row, self.prepare(row))], self.timer, host=self.host, device=self.device)
 
 
 def check_sm_partition(value: str) -> str:
@@ -362,33 +423,68 @@ def _decide(rows: list[dict[str, Any]], tolerance: float, rtol: float | None = N
     """Mark the kept row and fill ``speedup`` (over sequential) and ``vs_model`` (over the first
     baseline, the model's own graph): the fastest baseline is kept unless a schedule beats it by more
     than ``tolerance``. A row whose ``error`` exceeds ``rtol`` is refused (``refused`` says why); the first
-    baseline is the reference and never refused."""
+    baseline is the reference and never refused.
+
+    Each measured row also gets ``steady_ms`` (:func:`steady_ms`), and ``steady_kept`` marks the row the same
+    rule keeps when it compares those instead: what the choice would be on a quiet host, recorded beside the
+    choice made."""
     for i, row in enumerate(rows):
         off = rtol is not None and row["measured"] and (i > 0 or row["plan"] is not None) and \
             row.get("error") is not None and not row["error"] <= rtol
         row["refused"] = f"error {row['error']:.1e} > rtol {rtol:.0e}" if off else None
+        row["steady_ms"] = steady_ms(row) if row["measured"] else None
+    best = _choice(rows, tolerance, "latency_ms", say=True)
+    steady = _choice(rows, tolerance, "steady_ms")
     baselines = [r for r in rows if r["plan"] is None and not r["refused"]]
     model = baselines[0] if baselines else None
-    base = min(baselines, key=lambda r: r["latency_ms"]) if baselines else None
-    schedules = [r for r in rows if r["plan"] is not None]
-    sequential = schedules[0]
-    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5 and not r["refused"]]
-    best = min(valid, key=lambda r: r["latency_ms"]) if valid else sequential
-    if best is not sequential and best["latency_ms"] > sequential["latency_ms"] * (1 - tolerance):
-        log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
-        best = sequential
-    if base is not None and not best["latency_ms"] < base["latency_ms"] * (1 - tolerance):
-        keeping = "the model as it is" if base is model else f"the {base['schedule']} module"
-        log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, %s %.4f ms): keeping %s (%s)",
-                 base["schedule"], tolerance * 100, best["schedule"], best["latency_ms"], base["schedule"],
-                 base["latency_ms"], keeping, base["schedule"])
-        best = base
+    sequential = next(r for r in rows if r["plan"] is not None)
     for row in rows:
-        row["kept"] = row is best
+        row["kept"], row["steady_kept"] = row is best, row is steady
         lat = row["latency_ms"]
         row["speedup"] = sequential["latency_ms"] / lat if row["measured"] and lat else None
         if model is not None:
             row["vs_model"] = model["latency_ms"] / lat if row["measured"] and lat else None
+
+
+def steady_ms(row: dict[str, Any]) -> float | None:
+    """A measured row's latency on a quiet host: the larger of its device time and its host time a call
+    (``device_ms``, ``host_ms``; calls back to back take about the larger of the two), never above the latency
+    measured; the latency where either is missing, or where the larger is under :data:`STEADY_FLOOR` of the
+    latency (the two do not account for it: work on another stream than the one the spin held, say)."""
+    latency, device, host = row.get("latency_ms"), row.get("device_ms"), row.get("host_ms")
+    if latency is None or device is None or host is None or max(device, host) < STEADY_FLOOR * latency:
+        return latency
+    return min(latency, max(device, host))
+
+
+#: the least share of a row's measured latency that its device or host time must reach to stand for it
+STEADY_FLOOR = 0.5
+
+
+def _choice(rows: list[dict[str, Any]], tolerance: float, key: str, say: bool = False) -> dict[str, Any]:
+    """The row :func:`_decide` keeps when it compares ``key``: the fastest schedule that beats sequential by
+    ``tolerance`` (else sequential), unless the fastest baseline is not beaten by ``tolerance``; refused rows and
+    schedules whose outputs differ from sequential's are left out. ``say``: log why a baseline or sequential
+    was kept."""
+    baselines = [r for r in rows if r["plan"] is None and not r["refused"]]
+    model = baselines[0] if baselines else None
+    base = min(baselines, key=lambda r: r[key]) if baselines else None
+    schedules = [r for r in rows if r["plan"] is not None]
+    sequential = schedules[0]
+    valid = [r for r in schedules if r["measured"] and r["sched_error"] <= 1e-5 and not r["refused"]]
+    best = min(valid, key=lambda r: r[key]) if valid else sequential
+    if best is not sequential and best[key] > sequential[key] * (1 - tolerance):
+        if say:
+            log.info("no parallel schedule beats sequential by %.0f%%: keeping sequential", tolerance * 100)
+        best = sequential
+    if base is not None and not best[key] < base[key] * (1 - tolerance):
+        if say:
+            keeping = "the model as it is" if base is model else f"the {base['schedule']} module"
+            log.info("no schedule beats the %s by more than %.0f%% (best: %s %.4f ms, %s %.4f ms): keeping %s "
+                     "(%s)", base["schedule"], tolerance * 100, best["schedule"], best[key], base["schedule"],
+                     base[key], keeping, base["schedule"])
+        best = base
+    return best
 
 
 def library_versions() -> dict[str, str]:

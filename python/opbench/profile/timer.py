@@ -167,6 +167,87 @@ def cuda_event_samples(fn: Any, repeat: int, number: int, warmup: int = 3,
     return samples
 
 
+def host_seconds(fn: Any, number: int, synchronize: Any = None) -> float:
+    """Host seconds one call of ``fn`` takes to return, the device not waited for: ``number`` calls between two
+    ``synchronize()`` calls (e.g. ``torch.cuda.synchronize``), which stay outside the clock.
+
+    A call that only enqueues work (a CUDA Graph replay) returns in microseconds; one that does Python work
+    on every call (``torch.compile``'s guards and CUDA Graph tree) takes a share of its own latency, and when
+    that share nears the device's time the call is as fast as the host: a busy host then slows it. Keep
+    ``number`` small enough that the calls' launches fit the device's queue (else the host waits on it).
+    """
+    if synchronize is not None:
+        synchronize()
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    seconds = (time.perf_counter() - start) / max(1, number)
+    if synchronize is not None:
+        synchronize()
+    return seconds
+
+
+#: GPU clock cycles of ``torch.cuda._sleep`` per second on each device, measured once (:func:`_sleep_cycles_per_s`)
+_SLEEP_RATE: dict[int, float] = {}
+
+
+def _sleep_cycles_per_s() -> float:
+    """Cycles of ``torch.cuda._sleep`` a second on the current device (a 2 ms-ish spin timed by CUDA events)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    if device not in _SLEEP_RATE:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 4_000_000
+        torch.cuda._sleep(cycles // 4)  # the first spin also loads the kernel
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_RATE[device] = cycles / max(1e-6, start.elapsed_time(end) / 1e3)
+    return _SLEEP_RATE[device]
+
+
+def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int = 3) -> float | None:
+    """GPU seconds one call of ``fn`` keeps the current stream busy, whatever the host's speed; None where that
+    cannot be told.
+
+    The stream is held by a spin kernel (``torch.cuda._sleep``) long enough for the host to enqueue ``number``
+    calls behind it; the CUDA events around those calls then see them run back to back, with no wait for the
+    host in between (the blocking-kernel method of NVIDIA's nvbench). ``host_s`` (the host seconds a call, if
+    known) sizes the spin. A try whose calls took the host longer to enqueue than the spin lasted (a call that
+    waits for the GPU, or a host slower than expected) is repeated with a spin four times as long; after
+    ``tries`` such tries the answer is None. A call's latency, back to back, is about the larger of this and its
+    host time: a call is host-bound where its host time is the larger.
+    """
+    import torch
+
+    try:
+        rate = _sleep_cycles_per_s()
+        before = torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        spin_s = max(2e-3, 2.0 * number * (host_s if host_s is not None else 1e-3))
+        for _ in range(max(1, tries)):
+            torch.cuda.synchronize()
+            before.record()
+            torch.cuda._sleep(int(spin_s * rate))
+            start.record()
+            clock = time.perf_counter()
+            for _ in range(number):
+                fn()
+            enqueued_s = time.perf_counter() - clock
+            end.record()
+            end.synchronize()
+            if enqueued_s < 0.8 * before.elapsed_time(start) / 1e3:
+                return start.elapsed_time(end) / 1e3 / max(1, number)
+            spin_s *= 4
+    except (RuntimeError, AttributeError) as err:  # no _sleep in this torch, or a call that failed under it
+        import logging
+
+        logging.getLogger(__name__).info("device time not measured: %s", str(err).splitlines()[0] if str(err) else err)
+    return None
+
+
 def wall_samples(fn: Any, repeat: int, number: int, warmup: int = 0) -> list[float]:
     """Seconds per call of ``fn`` on the host clock: ``repeat`` samples, each ``number`` calls."""
     for _ in range(warmup):
