@@ -307,6 +307,7 @@ def test_schedule_reuse_and_refusal(model_and_input, tmp_path):
     times = {"model, eager": 1.0, "sequential": 1.0, "opara": 0.5}
     plan = optimize([x], model, schedulers=["sequential", "opara"], timer=fake_timer(times, 1.0))
     assert plan.name == "opara" and plan.meta["beats_model"] and len(plan.meta["graph"]) == 32
+    assert plan.meta["device"] == "cpu"  # the device it was measured on, which a later build checks
     path = tmp_path / "kept.json"
     plan.save(path)
     run = capturer([x], model, schedule=str(path), timer=fake_timer(times, 1.0))

@@ -248,8 +248,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         rows.append(_row(base.label, None, error=relative_error(outputs, reference)))
         rows[-1]["baseline"] = base
         timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
-    host, device = host_call_seconds(backend.is_cuda, number), device_call_seconds(backend.is_cuda, number)
-    measured = _Measure(backend, timer, reference, inputs, host, device)
+    host_clock, device_clock = host_call_seconds(backend.is_cuda, number), device_call_seconds(backend.is_cuda, number)
+    measured = _Measure(backend, timer, reference, inputs, host_clock, device_clock)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, "versions": library_versions(),
                           **backend.schedule_meta()})
@@ -259,7 +259,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         else:
             row["measured"] = False
         rows.append(row)
-    time_rounds(timed, timer, host=host, device=device)
+    time_rounds(timed, timer, host=host_clock, device=device_clock)
     _say_host_bound(rows)
     if sm_partition == "auto" and schedule is None:
         rows += _partitioned_rows(backend, rows, cost, measured, measure_top + 1, phases)
