@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from opbench.profile.timer import wall_samples
 
 
@@ -138,3 +140,75 @@ def test_host_seconds_is_per_call_with_the_synchronisation_outside_the_clock():
     seconds = host_seconds(fn, 3, synchronize)
     assert log == ["sync", "call", "call", "call", "sync"]
     assert 0.002 <= seconds < 0.02  # per call, and neither 50 ms wait inside
+
+
+class _FakeGpu:
+    """A stream on a fake clock: a spin of N cycles takes N / 1e9 s, each call of the timed function 1 ms."""
+
+    rate = 1e9
+
+    def __init__(self):
+        self.now, self.spins = 0.0, []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return (other.t - self.t) * 1e3
+
+        self.Event = Event
+
+    def sleep(self, cycles):
+        self.spins.append(cycles / self.rate)
+        self.now += cycles / self.rate
+
+    def call(self, host_s):
+        def fn():
+            time.sleep(host_s)  # the host's share
+            self.now += 1e-3  # the GPU's
+        return fn
+
+
+def _fake_cuda(monkeypatch):
+    import torch
+
+    from opbench.profile import timer
+
+    gpu = _FakeGpu()
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", gpu.sleep, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(timer, "_SLEEP_RATE", {0: gpu.rate})
+    return gpu
+
+
+def test_device_seconds_is_the_gpu_time_of_calls_queued_behind_a_long_enough_spin(monkeypatch):
+    """The spin is sized from the host time a call (twice the calls' host time); the answer is the GPU time a
+    call between the events around the calls, whatever the host took."""
+    from opbench.profile.timer import device_seconds
+
+    gpu = _fake_cuda(monkeypatch)
+    seconds = device_seconds(gpu.call(2e-3), 5, host_s=2e-3)
+    assert seconds == pytest.approx(1e-3) and gpu.spins == pytest.approx([2 * 5 * 2e-3])
+
+
+def test_device_seconds_lengthens_a_short_spin_and_gives_up_at_its_limit(monkeypatch):
+    """A spin shorter than the host took to queue the calls is tried again four times as long; at SPIN_LIMIT_S
+    it gives up (None): those calls cannot be queued behind any spin."""
+    from opbench.profile.timer import SPIN_LIMIT_S, device_seconds
+
+    gpu = _fake_cuda(monkeypatch)
+    assert device_seconds(gpu.call(3e-3), 5, host_s=1e-4) == pytest.approx(1e-3)  # 15 ms of host: 2, 8, 32 ms
+    assert gpu.spins == pytest.approx([2e-3, 8e-3, 32e-3])
+    gpu.spins.clear()
+    assert device_seconds(gpu.call(0.03), 5, host_s=0.03) is None  # 150 ms of host: past the limit
+    assert gpu.spins == pytest.approx([SPIN_LIMIT_S])

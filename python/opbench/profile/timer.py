@@ -208,6 +208,11 @@ def _sleep_cycles_per_s() -> float:
     return _SLEEP_RATE[device]
 
 
+#: the longest spin :func:`device_seconds` enqueues (s): calls whose launches overflow the device's queue (an
+#: eager model's hundreds of kernels a call) cannot all be queued behind a spin, however long
+SPIN_LIMIT_S = 0.1
+
+
 def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int = 3) -> float | None:
     """GPU seconds one call of ``fn`` keeps the current stream busy, whatever the host's speed; None where that
     cannot be told.
@@ -216,9 +221,10 @@ def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int
     calls behind it; the CUDA events around those calls then see them run back to back, with no wait for the
     host in between (the blocking-kernel method of NVIDIA's nvbench). ``host_s`` (the host seconds a call, if
     known) sizes the spin. A try whose calls took the host longer to enqueue than the spin lasted (a call that
-    waits for the GPU, or a host slower than expected) is repeated with a spin four times as long; after
-    ``tries`` such tries the answer is None. A call's latency, back to back, is about the larger of this and its
-    host time: a call is host-bound where its host time is the larger.
+    waits for the GPU, or a host slower than expected) is repeated with a spin four times as long, up to
+    :data:`SPIN_LIMIT_S`; after ``tries`` such tries, or one at that limit, the answer is None. A call's latency,
+    back to back, is about the larger of this and its host time: a call is host-bound where its host time is the
+    larger.
     """
     import torch
 
@@ -226,7 +232,7 @@ def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int
         rate = _sleep_cycles_per_s()
         before = torch.cuda.Event(enable_timing=True)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        spin_s = max(2e-3, 2.0 * number * (host_s if host_s is not None else 1e-3))
+        spin_s = min(SPIN_LIMIT_S, max(2e-3, 2.0 * number * (host_s if host_s is not None else 1e-3)))
         for _ in range(max(1, tries)):
             torch.cuda.synchronize()
             before.record()
@@ -240,7 +246,9 @@ def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int
             end.synchronize()
             if enqueued_s < 0.8 * before.elapsed_time(start) / 1e3:
                 return start.elapsed_time(end) / 1e3 / max(1, number)
-            spin_s *= 4
+            if spin_s >= SPIN_LIMIT_S:
+                break
+            spin_s = min(SPIN_LIMIT_S, spin_s * 4)
     except (RuntimeError, AttributeError) as err:  # no _sleep in this torch, or a call that failed under it
         import logging
 
