@@ -201,12 +201,12 @@ def capturer_timer(runs: dict, repeat: int, number: int) -> tuple[dict, dict, di
     rounds, :func:`opbench.pipeline.compare.time_rounds`), after the build: where a row of the capturer's
     table differs from :func:`side_by_side`, this tells the timer from the moment it was taken. Also each
     callable's host ms a call and its device ms (the host left out), as the capturer's rows have them."""
-    from opbench.pipeline.compare import ROUNDS, device_call_seconds, host_call_seconds, time_rounds
+    from opbench.pipeline.compare import ROUNDS, call_clocks, time_rounds
     from opbench.profile.schedule import default_timer
 
     rows = [({"schedule": label}, run) for label, run in runs.items()]
-    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number),
-                host=host_call_seconds(True, number), device=device_call_seconds(True, number))
+    host, device = call_clocks(True, number)
+    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number), host=host, device=device)
     return tuple({row["schedule"]: row.get(key) for row, _ in rows} for key in ("latency_ms", "host_ms", "device_ms"))
 
 

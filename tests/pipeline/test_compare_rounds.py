@@ -7,8 +7,7 @@ import logging
 from opbench.pipeline.compare import (
     HOST_BOUND_SHARE,
     _say_host_bound,
-    device_call_seconds,
-    host_call_seconds,
+    call_clocks,
     time_rounds,
 )
 
@@ -51,7 +50,7 @@ def test_without_a_host_clock_rows_get_no_host_time_and_the_cpu_has_none():
     row = {"schedule": "x"}
     time_rounds([(row, lambda: None)], lambda label, run: [1e-3])
     assert row["latency_ms"] == 1.0 and "host_ms" not in row and "device_ms" not in row
-    assert host_call_seconds(False, 20) is None and device_call_seconds(False, 20) is None
+    assert call_clocks(False, 20) == (None, None)
 
 
 def test_a_row_whose_call_is_mostly_host_time_is_said_host_bound(caplog):

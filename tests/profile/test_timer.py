@@ -123,32 +123,52 @@ def test_the_energy_meter_reads_nvmls_counter(monkeypatch):
     assert meter.available and (first[0], second[0]) == (2_000.0, 2_500.0) and second[1] >= first[1]
 
 
-def test_host_seconds_is_per_call_with_the_synchronisation_outside_the_clock():
+class _FakeHost:
+    """The host's clock, standing in for the module ``time`` in :mod:`opbench.profile.timer`: it moves only when
+    a test says so, so that no assertion depends on how busy the machine is."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _fake_host(monkeypatch) -> _FakeHost:
+    from opbench.profile import timer
+
+    host = _FakeHost()
+    monkeypatch.setattr(timer, "time", host)
+    return host
+
+
+def test_host_seconds_is_per_call_with_the_synchronisation_outside_the_clock(monkeypatch):
     """host_seconds times ``number`` calls between two synchronize() calls that the clock leaves out."""
     from opbench.profile.timer import host_seconds
 
-    log = []
+    host, log = _fake_host(monkeypatch), []
 
     def fn() -> None:
         log.append("call")
-        time.sleep(0.002)
+        host.now += 0.002
 
     def synchronize() -> None:
         log.append("sync")
-        time.sleep(0.05)
+        host.now += 0.05
 
     seconds = host_seconds(fn, 3, synchronize)
     assert log == ["sync", "call", "call", "call", "sync"]
-    assert 0.002 <= seconds < 0.02  # per call, and neither 50 ms wait inside
+    assert seconds == pytest.approx(0.002)  # per call, and neither 50 ms wait inside
 
 
 class _FakeGpu:
-    """A stream on a fake clock: a spin of N cycles takes N / 1e9 s, each call of the timed function 1 ms."""
+    """A stream on a fake clock: a spin of N cycles takes N / 1e9 s, each call of the timed function 1 ms; the
+    host's clock (:class:`_FakeHost`) moves by the host time each call is given."""
 
     rate = 1e9
 
-    def __init__(self):
-        self.now, self.spins = 0.0, []
+    def __init__(self, host: _FakeHost):
+        self.now, self.spins, self.host = 0.0, [], host
         gpu = self
 
         class Event:
@@ -172,7 +192,7 @@ class _FakeGpu:
 
     def call(self, host_s):
         def fn():
-            time.sleep(host_s)  # the host's share
+            self.host.now += host_s  # the host's share
             self.now += 1e-3  # the GPU's
         return fn
 
@@ -182,7 +202,7 @@ def _fake_cuda(monkeypatch):
 
     from opbench.profile import timer
 
-    gpu = _FakeGpu()
+    gpu = _FakeGpu(_fake_host(monkeypatch))
     monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
     monkeypatch.setattr(torch.cuda, "_sleep", gpu.sleep, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)

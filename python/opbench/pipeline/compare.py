@@ -49,6 +49,12 @@ from .costs import operator_latencies, scheduling_cost
 from .spec import Spec, SpecError, check_positive, overridden
 
 log = logging.getLogger(__name__)
+
+#: ``host(run)``: the host seconds one call of ``run`` takes to return (:func:`call_clocks`)
+HostClock = Callable[[Any], float]
+#: ``device(run, host_s)``: the GPU seconds a call, the host left out; None where it cannot tell (:func:`call_clocks`)
+DeviceClock = Callable[[Any, float | None], float | None]
+
 DEFAULT_SCHEDULERS = ("sequential", "greedy", "nimble", "opara", "ios")
 #: the schedulers of the fast mode: each schedules a 300-operator graph in milliseconds
 FAST_SCHEDULERS = ("sequential", "greedy", "nimble", "opara")
@@ -248,7 +254,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         rows.append(_row(base.label, None, error=relative_error(outputs, reference)))
         rows[-1]["baseline"] = base
         timed.append((rows[-1], (lambda b=base: b(*inputs)) if inputs is not None else base.run_once))
-    host_clock, device_clock = host_call_seconds(backend.is_cuda, number), device_call_seconds(backend.is_cuda, number)
+    host_clock, device_clock = call_clocks(backend.is_cuda, number)
     measured = _Measure(backend, timer, reference, inputs, host_clock, device_clock)
     for i, (plan, seconds) in enumerate(scheduled):
         plan.meta.update({"graph": fingerprint, "device": device, "versions": library_versions(),
@@ -284,15 +290,14 @@ def _user_inputs(bases: Sequence[Any]) -> list[Any] | None:
 
 
 def time_rounds(timed: Sequence[tuple[dict[str, Any], Any]], timer: Timer, rounds: int = ROUNDS,
-                host: Callable[[Any], float] | None = None,
-                device: Callable[[Any, float | None], float | None] | None = None) -> None:
+                host: HostClock | None = None, device: DeviceClock | None = None) -> None:
     """Time every ``(row, run)`` with ``timer`` in ``rounds`` interleaved rounds (one ``timer`` call per candidate
     and round, the first candidate of a round rotating), so that a drift of the machine's speed (clocks, a
     neighbour's load) reaches every candidate alike; each row gets the median and spread of all its samples.
 
-    ``host(run)``: the host seconds one call of ``run`` takes to return (:func:`host_call_seconds`), taken
+    ``host(run)``: the host seconds one call of ``run`` takes to return (:func:`call_clocks`), taken
     after each of the row's timings; the row's ``host_ms`` is the least of them (a busy host only adds).
-    ``device(run, host_s)``: the GPU seconds a call, whatever the host's speed (:func:`device_call_seconds`;
+    ``device(run, host_s)``: the GPU seconds a call, whatever the host's speed (:func:`call_clocks`;
     None where it cannot tell), taken after that; the row's ``device_ms`` is their median."""
     samples: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     hosts: dict[int, list[float]] = {id(row): [] for row, _ in timed}
@@ -315,29 +320,20 @@ def time_rounds(timed: Sequence[tuple[dict[str, Any], Any]], timer: Timer, round
             row["device_ms"] = median(devices[id(row)]) * 1e3
 
 
-def host_call_seconds(is_cuda: bool, number: int) -> Callable[[Any], float] | None:
+def call_clocks(is_cuda: bool, number: int) -> tuple[HostClock | None, DeviceClock | None]:
     """For :func:`time_rounds`: ``run``'s host seconds a call (:func:`~opbench.profile.timer.host_seconds`,
-    ``number`` calls, the GPU synchronised outside the clock); None on the CPU, where a call's time is all
-    host time and its latency says it already."""
+    ``number`` calls, the GPU synchronised outside the clock) and its GPU seconds a call with the host's speed
+    left out (:func:`~opbench.profile.timer.device_seconds`, ``number`` calls behind a spin kernel). ``(None,
+    None)`` on the CPU, where a call's time is all host time and its latency says it already, and on a CUDA
+    backend without PyTorch (the spin kernel and the events are PyTorch's)."""
     if not is_cuda:
-        return None
+        return None, None
     try:
         import torch
-    except ImportError:  # a CUDA backend without PyTorch: no host clock beside its timing
-        return None
-    return lambda run: host_seconds(run, number, torch.cuda.synchronize)
-
-
-def device_call_seconds(is_cuda: bool, number: int) -> Callable[[Any, float | None], float | None] | None:
-    """For :func:`time_rounds`: ``run``'s GPU seconds a call, the host's speed left out
-    (:func:`~opbench.profile.timer.device_seconds`, ``number`` calls behind a spin kernel); None on the CPU."""
-    if not is_cuda:
-        return None
-    try:
-        import torch  # noqa: F401  (the spin kernel and the events are PyTorch's)
     except ImportError:
-        return None
-    return lambda run, host_s: device_seconds(run, number, host_s)
+        return None, None
+    return (lambda run: host_seconds(run, number, torch.cuda.synchronize),
+            lambda run, host_s: device_seconds(run, number, host_s))
 
 
 #: a row whose call takes at least this share of its latency on the host is said to be host-bound (INFO)
@@ -359,8 +355,8 @@ class _Measure:
     (``executor.run(inputs)``: the inputs copied in, the graph replayed), as the baselines are."""
 
     def __init__(self, backend: KernelBackend, timer: Timer, reference: Sequence[np.ndarray] | None,
-                 inputs: Sequence[Any] | None = None, host: Callable[[Any], float] | None = None,
-                 device: Callable[[Any, float | None], float | None] | None = None) -> None:
+                 inputs: Sequence[Any] | None = None, host: HostClock | None = None,
+                 device: DeviceClock | None = None) -> None:
         self.backend, self.timer, self.reference, self.inputs = backend, timer, reference, inputs
         self.host, self.device = host, device
         self.sequential: list[np.ndarray] | None = None
