@@ -179,6 +179,36 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
+def test_a_build_that_loads_stored_regions_says_once_when_torch_has_no_bytecode(block, tmp_path, monkeypatch, caplog):
+    import importlib.util
+    import logging
+    import sys
+
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    model, x = block
+    FusedBackend(model, [x], store=tmp_path)  # compiles and stores: nothing loaded, nothing said
+    pyc = tmp_path / "codecache.pyc"
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(importlib.util, "cache_from_source", lambda source: str(pyc))
+    fused._say_no_bytecode.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="opbench.runtime.fused"):
+            assert FusedBackend(model, [x], store=tmp_path).built.get("loaded")
+            FusedBackend(model, [x], store=tmp_path)
+        assert sum("no compiled bytecode" in r.getMessage() for r in caplog.records) == 1  # once a process
+        fused._say_no_bytecode.cache_clear()
+        pyc.touch()  # bytecode found: nothing to say
+        assert not fused._say_no_bytecode()
+        fused._say_no_bytecode.cache_clear()
+        pyc.unlink()
+        monkeypatch.setattr(sys, "dont_write_bytecode", False)  # Python writes it as it imports
+        assert not fused._say_no_bytecode()
+    finally:
+        fused._say_no_bytecode.cache_clear()
+
+
 def test_regions_of_one_structure_write_and_read_their_shared_index_entry_once_per_build(tmp_path, monkeypatch):
     """The two blocks' 1x1 branches share a quick key: a cold build writes its entry once, a later one reads it
     once, and both builds give the model's outputs."""

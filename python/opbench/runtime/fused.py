@@ -289,6 +289,27 @@ class _Traced:
     quick: str | None
 
 
+@functools.cache
+def _say_no_bytecode() -> bool:
+    """Say once per process (INFO) that torch's Inductor modules have no compiled bytecode here and Python may not
+    write it (``PYTHONDONTWRITEBYTECODE``): every new process then compiles their sources again before it can
+    load stored regions, seconds of a later build (2.3 s of shufflenet_v2_x1_0's on an H200). Returns whether
+    it said so."""
+    import importlib.util
+    import os
+    import sys
+
+    import torch
+
+    source = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
+    if not sys.dont_write_bytecode or os.path.exists(importlib.util.cache_from_source(source)):
+        return False
+    log.info("torch's modules have no compiled bytecode and Python may not write it (PYTHONDONTWRITEBYTECODE), "
+             "so each new process compiles their sources before loading stored regions; unset it, or set "
+             "PYTHONPYCACHEPREFIX to a folder you can write")
+    return True
+
+
 class RegionCompiler:
     """Compiles regions with Inductor, each structure once, and keeps the compiled code for later builds.
 
@@ -363,6 +384,7 @@ class RegionCompiler:
             try:
                 artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
                 how = "compiled_by_workers" if key in self._by_workers else "loaded"
+                _say_no_bytecode()
             except Exception as err:  # another torch, a torn file: compile it again
                 log.info("stored region %s not loaded (%s); compiling it", path.name, first_line(err))
             clock = self._lap("load", clock)
