@@ -135,6 +135,7 @@ def rebuild(name: str, batch: int, args) -> dict:
 
     from opbench.parallel import capturer
 
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)
     model, inputs = load(name, batch)
     with torch.no_grad():
@@ -181,7 +182,8 @@ def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
     cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtypes", DTYPE,
            "--repeat", str(args.repeat), "--number", str(args.number)] + (["--profile-rebuild"] if args.profile_rebuild
-                                                                         else [])
+                                                                         else []) + \
+        (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
     try:
         subprocess.run(cmd, env=env, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -223,6 +225,7 @@ def bench(name: str, batch: int, args) -> dict:
     from opbench.pipeline.compare import critical_path
     from opbench.runtime.graphs import CapturedModel
 
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # for every candidate alike
     torch.manual_seed(0)
     model, inputs = load(name, batch)
     res: dict = {"model": name, "batch": batch, "dtype": DTYPE}
@@ -362,7 +365,8 @@ def measure_one(name: str, batch: int, args) -> None:
     with FileLock(f"{path}.lock"):  # processes on other GPUs file their rows into the same file
         doc = json.loads(path.read_text()) if path.exists() else {"results": []}
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
-                   settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds})
+                   settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds,
+                             "cudnn_benchmark": args.cudnn_benchmark})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
         with written_whole(path) as part:  # a reader never sees half a file
             part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -404,6 +408,9 @@ def main() -> int:
                         help="start no further (model, batch, dtype) after this many seconds")
     parser.add_argument("--profile-rebuild", action="store_true",
                         help="profile the rebuild (cProfile): its top functions go into the row's rebuild")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN's benchmark mode (torch.backends.cudnn.benchmark) in the measuring and rebuilding "
+                             "processes: every candidate's convolutions use the algorithm cuDNN times fastest")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
     parser.add_argument("--rebuild", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -452,7 +459,8 @@ def main() -> int:
     done = {key(r) for r in json.loads(path.read_text())["results"] if "error" not in r} if path.exists() else set()
     todo = [item for item in todo if item not in done]
     flags = ["--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number), "--rounds",
-             str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild else [])
+             str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild else []) + \
+        (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
     if gpus:  # one item per GPU at a time, each in processes that see that GPU only
         free: queue.Queue = queue.Queue()
         for g in gpus:
