@@ -149,7 +149,8 @@ def rebuild(name: str, batch: int, args) -> dict:
     t = time.perf_counter()
     if profile is not None:
         profile.enable()
-    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True)
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
+                     mode=args.mode)
     if profile is not None:
         profile.disable()
     res = {"build_s": time.perf_counter() - t, "phases": fused.phases,
@@ -183,7 +184,7 @@ def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtypes", DTYPE,
            "--repeat", str(args.repeat), "--number", str(args.number)] + (["--profile-rebuild"] if args.profile_rebuild
                                                                          else []) + \
-        (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
+        (["--cudnn-benchmark"] if args.cudnn_benchmark else []) + ["--mode", args.mode]
     try:
         subprocess.run(cmd, env=env, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -241,7 +242,8 @@ def bench(name: str, batch: int, args) -> dict:
     shutil.rmtree(cache, ignore_errors=True)  # this build searches and measures; it keeps its choice for the rebuild
     os.environ["OPBENCH_CACHE"] = str(cache)
     t = time.perf_counter()
-    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True)
+    fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
+                     mode=args.mode)
     res["fused_build_s"] = time.perf_counter() - t
     res["fused_phases"] = fused.phases
     res["fused_table"] = fused.table
@@ -366,7 +368,7 @@ def measure_one(name: str, batch: int, args) -> None:
         doc = json.loads(path.read_text()) if path.exists() else {"results": []}
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
                    settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds,
-                             "cudnn_benchmark": args.cudnn_benchmark})
+                             "cudnn_benchmark": args.cudnn_benchmark, "mode": args.mode})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
         with written_whole(path) as part:  # a reader never sees half a file
             part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -408,6 +410,9 @@ def main() -> int:
                         help="start no further (model, batch, dtype) after this many seconds")
     parser.add_argument("--profile-rebuild", action="store_true",
                         help="profile the rebuild (cProfile): its top functions go into the row's rebuild")
+    parser.add_argument("--mode", default="fast", choices=("fast", "exhaustive"),
+                        help="the fused capturer's search: fast (the best predicted schedules measured) or "
+                             "exhaustive (every scheduler, IOS's dynamic programme among them, measured)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="cuDNN's benchmark mode (torch.backends.cudnn.benchmark) in the measuring and rebuilding "
                              "processes: every candidate's convolutions use the algorithm cuDNN times fastest")
@@ -460,7 +465,7 @@ def main() -> int:
     todo = [item for item in todo if item not in done]
     flags = ["--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number), "--rounds",
              str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild else []) + \
-        (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
+        (["--cudnn-benchmark"] if args.cudnn_benchmark else []) + ["--mode", args.mode]
     if gpus:  # one item per GPU at a time, each in processes that see that GPU only
         free: queue.Queue = queue.Queue()
         for g in gpus:
