@@ -5,6 +5,10 @@ choices are one line."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -163,10 +167,41 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     monkeypatch.setattr(fused, "WORKERS_FROM", 3)
     monkeypatch.setattr(fused, "COLD_S", 1e3)  # the first two compiled here were quick: no workers
     assert built(tmp_path / "warm", jobs=2).built == first.built
-    monkeypatch.setattr(fused, "COLD_S", 0.0)  # they were slow: workers compile the rest
-    workers = built(tmp_path / "workers", jobs=2)
+    monkeypatch.setattr(fused, "COLD_S", 0.0)  # they were slow: workers compile the rest, from the last
+    artifact_here = fused.RegionCompiler._artifact
+
+    def after_the_workers(self, graph, values, key):  # this process slower than the workers: it loads their code
+        for _ in range(1200):
+            if key not in self._given or self._path(key).is_file():
+                break
+            time.sleep(0.1)
+        return artifact_here(self, graph, values, key)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fused.RegionCompiler, "_artifact", after_the_workers)
+        workers = built(tmp_path / "workers", jobs=2)
     assert workers.built == {"compiled": fused.PROBES, "compiled_by_workers": first.built["compiled"] - fused.PROBES,
                              "shared": first.built["shared"]}
+    # workers that store nothing (they hang) are not waited for: this process compiles every structure itself,
+    # then ends them and removes what they left half written
+    folder = tmp_path / "hung"
+    hang = tmp_path / "hang.sh"
+    hang.write_text(f"#!/bin/sh\nmkdir -p {folder}\ntouch {folder}/.$$.1.tmp\nexec sleep 600\n")
+    hang.chmod(0o755)
+    started = []
+    popen = subprocess.Popen
+
+    def seen(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sys, "executable", str(hang))
+        patched.setattr(subprocess, "Popen", seen)
+        assert built(folder, jobs=2).built == first.built
+    procs = [proc for proc in started if "_worker()" in " ".join(map(str, proc.args))]  # not Inductor's own
+    assert len(procs) == 2 and all(proc.returncode == -signal.SIGKILL for proc in procs)
+    assert not list(folder.glob(".*.tmp"))
     # a structure that cannot be stored is marked, and later builds compile it here instead of in a worker
     artifact = next(m for m in first.traced.modules.values() if isinstance(m, fused.RegionCall)).artifact
 

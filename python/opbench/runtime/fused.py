@@ -316,9 +316,10 @@ class RegionCompiler:
     A region is traced to ATen operators with its parameters as inputs (:func:`_aten_graph`) and compiled
     by ``torch._inductor.standalone_compile`` (no Dynamo: nothing to trace again or guard). The artifact is
     stored under ``folder`` by :func:`_region_key`, so that a later build of a region of the same structure,
-    in this process or another, loads it instead of compiling. With ``jobs`` > 1 the structures not stored
-    yet are compiled by that many worker processes (each compile is mostly single-threaded Python) when there
-    are many (:data:`WORKERS_FROM`) and the first ones (:data:`PROBES`) were slow here (Inductor's caches cold).
+    in this process or another, loads it instead of compiling. With ``jobs`` > 1, when many structures are not
+    stored yet (:data:`WORKERS_FROM`) and the first ones (:data:`PROBES`) were slow here (Inductor's caches
+    cold), that many worker processes compile them from the last while this process compiles from the first
+    (:meth:`_start_workers`; each compile is mostly single-threaded Python).
     A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
     Inductor cannot compile at all runs its ATen operators.
 
@@ -330,7 +331,8 @@ class RegionCompiler:
         region that computes nothing: :func:`_no_operators`; run as its ATen graph, or, found so by its quick key's
         entry in a later build, as it is), ``torch.compile``, ``aten``.
     seconds:
-        Where the time went: ``trace`` (to ATen), ``workers`` (their compiles, wall), ``compile`` and ``load``
+        Where the time went: ``trace`` (to ATen), ``workers`` (from their start to their end, wall, while this
+        process built its regions), ``compile`` and ``load``
         (the artifacts), ``run`` (each region once, but once for each structure and quick key: a region
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
@@ -340,7 +342,9 @@ class RegionCompiler:
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
-        self._by_workers: set[str] = set()
+        self._given: set[str] = set()  # structures handed to worker processes
+        self._workers: list[tuple[Any, Any]] = []  # (process, its standard error)
+        self._workers_since = 0.0
         self._probed: dict[str, str] = {}
         self._checked: set[tuple[str, str | None]] = set()
         # quick key -> (artifact key, output spec) of its index entry, None without one: read once per build
@@ -383,7 +387,7 @@ class RegionCompiler:
         if path is not None and not constants and path.is_file():
             try:
                 artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
-                how = "compiled_by_workers" if key in self._by_workers else "loaded"
+                how = "compiled_by_workers" if key in self._given else "loaded"
                 _say_no_bytecode()
             except Exception as err:  # another torch, a torn file: compile it again
                 log.info("stored region %s not loaded (%s); compiling it", path.name, first_line(err))
@@ -406,9 +410,13 @@ class RegionCompiler:
         self._built[key] = artifact
         return artifact, how
 
-    def _precompile(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
-        """Compile and store ``todo`` (key -> ATen graph, values) in ``jobs`` worker processes, the largest graphs
-        first, each worker a share of about equal size; what fails there is compiled again here.
+    def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
+        """Start ``jobs`` worker processes that compile and store ``todo`` (key -> ATen graph, values, in the order
+        this process builds them) from its end: each worker takes every ``jobs``-th structure counted from the
+        last. This process does not wait for them: it builds its regions in order, loading a structure a worker
+        has stored by then and compiling the others itself, so that they meet in the middle and the build takes
+        no longer than compiling here alone would (a worker's start, an import of torch and Inductor's first
+        compile, takes seconds). :meth:`_stop_workers` ends them once every region is built.
 
         The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
         caller's script runs again in them."""
@@ -418,53 +426,55 @@ class RegionCompiler:
         import sys
         import tempfile
 
-        clock = time.perf_counter()
+        self._workers_since = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        shares: list[list[tuple[str, Any]]] = [[] for _ in range(min(self.jobs, len(todo)))]
-        sizes = [0] * len(shares)
-        for key, (graph, values) in sorted(todo.items(), key=lambda kv: -len(kv[1][0].graph.nodes)):
-            i = sizes.index(min(sizes))
-            shares[i].append((key, graph, _specs(values), str(self._path(key))))
-            sizes[i] += len(graph.graph.nodes)
+        backwards = list(reversed(todo.items()))
+        shares = [backwards[i::self.jobs] for i in range(min(self.jobs, len(todo)))]
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
         env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        workers = []
         for share in shares:
             try:
-                payload = pickle.dumps(share)
+                payload = pickle.dumps([(key, graph, _specs(values), str(self._path(key)))
+                                        for key, (graph, values) in share])
             except Exception as err:  # graphs that cannot travel are compiled here
                 log.info("regions compiled here: %s", first_line(err))
                 continue
             errors = tempfile.TemporaryFile()
             proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env)
-            workers.append((proc, payload, errors))
-        for proc, payload, _ in workers:  # each worker reads its share before it imports torch
-            try:
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+            try:  # read whole before the worker imports torch: it does not block this process
                 proc.stdin.write(payload)
                 proc.stdin.close()
             except OSError:
                 pass
-        for proc, _, errors in workers:
-            try:  # its few lines of output fit the pipe: wait, then read them
-                proc.wait(timeout=max(60.0, 900.0 - (time.perf_counter() - clock)))
-            except subprocess.TimeoutExpired:
+            self._workers.append((proc, errors))
+            self._given.update(key for key, _ in share)
+
+    def _stop_workers(self) -> None:
+        """End the workers (what they have not stored by now was compiled here) and remove what a worker ended
+        in the middle of a write left behind."""
+        if not self._workers:
+            return
+        for proc, _ in self._workers:
+            if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-            out = proc.stdout.read()
-            proc.stdout.close()
-            lines = [line.partition(" ") for line in out.decode(errors="replace").splitlines()]
-            self._by_workers.update(key for status, _, key in lines if status == "ok")
-            if proc.returncode or any(status != "ok" for status, _, _ in lines):
-                errors.seek(0)
-                said = [t for t in errors.read().decode(errors="replace").splitlines() if t.startswith("region ")]
-                log.info("a region compile worker ended with %s (%s); what it did not compile is compiled here",
-                         proc.returncode, (said or ["no message"])[-1][:300])
+            proc.wait()
+        for proc, errors in self._workers:
+            errors.seek(0)
+            said = [t for t in errors.read().decode(errors="replace").splitlines() if t.startswith("region ")]
+            if said:
+                log.info("a region compile worker could not compile a structure (%s); it was compiled here",
+                         said[-1][:300])
             errors.close()
-        self._lap("workers", clock)
-        log.info("%d of %d region structures compiled by %d workers in %.1f s", len(self._by_workers), len(todo),
-                 len(workers), time.perf_counter() - clock)
+            for torn in self.folder.glob(f".{proc.pid}.*.tmp"):  # Inductor's write_atomic, stopped mid-way
+                with contextlib.suppress(OSError):
+                    torn.unlink()
+        self._lap("workers", self._workers_since)
+        log.info("%d region structures compiled by %d workers, %d here, in %.1f s", self.counts.get(
+            "compiled_by_workers", 0), len(self._workers), self.counts.get("compiled", 0),
+            self.seconds["workers"])
+        self._workers = []
 
     def _index(self, quick: str | None) -> Any | None:
         return self.folder / "index" / f"{quick}.json" if quick is not None and self.folder is not None else None
@@ -535,9 +545,12 @@ class RegionCompiler:
                 with contextlib.suppress(Exception):  # compiled again (and refused) where the region is built
                     self._probed[key] = self._artifact(graph, values, key)[1]
             if (time.perf_counter() - clock) / len(probes) > COLD_S and len(todo) >= WORKERS_FROM - PROBES:
-                self._precompile(todo)
-        return {name: self._one(name, region, inputs, outputs, traced[name])
-                for name, region, inputs, outputs in regions}
+                self._start_workers(todo)
+        try:
+            return {name: self._one(name, region, inputs, outputs, traced[name])
+                    for name, region, inputs, outputs in regions}
+        finally:
+            self._stop_workers()
 
     def _one(self, name: str, region: Any, inputs: Sequence[Any], outputs: Any,
              traced: _Traced | None) -> tuple[Any, str | None]:
@@ -639,8 +652,10 @@ def _specs(values: Sequence[Any]) -> list[Any]:
 
 
 def _worker() -> None:
-    """A region compile worker (:meth:`RegionCompiler._precompile`): reads its share from standard input,
-    compiles and stores each graph, and says ``ok KEY`` or ``failed KEY`` on a line for each."""
+    """A region compile worker (:meth:`RegionCompiler._start_workers`): reads its share from standard input,
+    then compiles and stores each graph that is not stored yet (the building process may have compiled it
+    meanwhile), saying on standard error why one failed."""
+    import os
     import pickle
     import sys
 
@@ -650,15 +665,15 @@ def _worker() -> None:
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
     for key, graph, specs, path in pickle.loads(data):  # noqa: S301 (a pipe from our parent, never a file)
+        if os.path.exists(path):
+            continue
         try:
             values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
                       for s in specs]
             with torch.no_grad():
                 artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
             artifact.save(path=path, format="binary")
-            print("ok", key, flush=True)
         except Exception as err:
-            print("failed", key, flush=True)
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
 
 
