@@ -345,6 +345,7 @@ class RegionCompiler:
         self._given: set[str] = set()  # structures handed to worker processes
         self._workers: list[tuple[Any, Any]] = []  # (process, its standard error)
         self._workers_since = 0.0
+        self._feed: Any = None  # the thread that hands the workers their shares
         self._probed: dict[str, str] = {}
         self._checked: set[tuple[str, str | None]] = set()
         # quick key -> (artifact key, output spec) of its index entry, None without one: read once per build
@@ -425,11 +426,13 @@ class RegionCompiler:
         import subprocess
         import sys
         import tempfile
+        import threading
 
         self._workers_since = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         backwards = list(reversed(todo.items()))
         shares = [backwards[i::self.jobs] for i in range(min(self.jobs, len(todo)))]
+        payloads: list[tuple[Any, bytes]] = []
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
         env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -443,13 +446,21 @@ class RegionCompiler:
             errors = tempfile.TemporaryFile()
             proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()"],
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=env)
-            try:  # read whole before the worker imports torch: it does not block this process
-                proc.stdin.write(payload)
-                proc.stdin.close()
-            except OSError:
-                pass
             self._workers.append((proc, errors))
             self._given.update(key for key, _ in share)
+            payloads.append((proc, payload))
+
+        def feed() -> None:  # each worker reads its share before it imports torch; this process goes on meanwhile
+            for proc, payload in payloads:
+                try:
+                    proc.stdin.write(payload)
+                except OSError:  # a worker ended already
+                    pass
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+
+        self._feed = threading.Thread(target=feed, name="region-workers-feed", daemon=True)
+        self._feed.start()
 
     def _stop_workers(self) -> None:
         """End the workers (what they have not stored by now was compiled here) and remove what a worker ended
@@ -460,6 +471,7 @@ class RegionCompiler:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        self._feed.join()  # its writes to the ended workers fail at once
         for proc, errors in self._workers:
             errors.seek(0)
             said = [t for t in errors.read().decode(errors="replace").splitlines() if t.startswith("region ")]
