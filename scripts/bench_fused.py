@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.util
 import io
 import json
 import os
@@ -134,17 +133,15 @@ def rebuild(name: str, batch: int, args) -> dict:
     import torch
 
     from opbench.parallel import capturer
+    from opbench.runtime.fused import torch_bytecode_found
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)
     model, inputs = load(name, batch)
     with torch.no_grad():
         ref = model(*inputs)
-    # whether this process finds Inductor's modules compiled to bytecode (a usual install does; a torch
-    # installed without it compiles their source in every new process, which the rebuild then includes)
-    source = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
-    bytecode = {"bytecode_cached": os.path.exists(importlib.util.cache_from_source(source)),
-                "dont_write_bytecode": sys.dont_write_bytecode}
+    # without bytecode for torch's modules, the rebuild includes compiling their sources in this new process
+    bytecode = {"bytecode_cached": torch_bytecode_found(), "dont_write_bytecode": sys.dont_write_bytecode}
     profile = cProfile.Profile() if args.profile_rebuild else None
     t = time.perf_counter()
     if profile is not None:
@@ -175,6 +172,14 @@ def relative_err(out, ref) -> float:
     return float((out - ref).abs().max() / ref.abs().max())
 
 
+def passed_on(args) -> list[str]:
+    """The options a measuring or rebuilding process takes from its parent: what the fused capturer is asked
+    for and how the rebuild runs."""
+    return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode]
+            + (["--profile-rebuild"] if args.profile_rebuild else [])
+            + (["--cudnn-benchmark"] if args.cudnn_benchmark else []))
+
+
 def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     """:func:`rebuild` in a process of its own (Inductor's caches as the measured build left them)."""
     path = out / "rebuild" / f"{name}_{batch}_{DTYPE}.json"
@@ -182,9 +187,7 @@ def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     path.unlink(missing_ok=True)
     env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
     cmd = [sys.executable, __file__, "--out", str(out), "--rebuild", f"{name}:{batch}", "--dtypes", DTYPE,
-           "--repeat", str(args.repeat), "--number", str(args.number)] + (["--profile-rebuild"] if args.profile_rebuild
-                                                                         else []) + \
-        (["--cudnn-benchmark"] if args.cudnn_benchmark else []) + ["--mode", args.mode]
+           *passed_on(args)]
     try:
         subprocess.run(cmd, env=env, timeout=300, check=False)
     except subprocess.TimeoutExpired:
@@ -463,9 +466,7 @@ def main() -> int:
     path = out / args.name
     done = {key(r) for r in json.loads(path.read_text())["results"] if "error" not in r} if path.exists() else set()
     todo = [item for item in todo if item not in done]
-    flags = ["--name", args.name, "--repeat", str(args.repeat), "--number", str(args.number), "--rounds",
-             str(args.rounds), "--merge", args.merge] + (["--profile-rebuild"] if args.profile_rebuild else []) + \
-        (["--cudnn-benchmark"] if args.cudnn_benchmark else []) + ["--mode", args.mode]
+    flags = ["--name", args.name, "--rounds", str(args.rounds), "--merge", args.merge, *passed_on(args)]
     if gpus:  # one item per GPU at a time, each in processes that see that GPU only
         free: queue.Queue = queue.Queue()
         for g in gpus:

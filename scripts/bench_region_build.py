@@ -20,8 +20,6 @@ the medians.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import json
 import os
 import shutil
@@ -37,19 +35,16 @@ def build(name: str, batch: int, device: str, dtype: str) -> dict:
     import torch
 
     from opbench.models import get_source
-    from opbench.runtime.fused import FusedBackend
+    from opbench.runtime.fused import FusedBackend, torch_bytecode_found
 
     torch.manual_seed(0)
     model, x = get_source("local").torch_model(name, batch, dtype=dtype)
     model, x = model.to(device).eval(), x.to(device)
     start = time.perf_counter()
     fused = FusedBackend(model, [x])
-    import torch._inductor.codecache  # imported by the build: its compiled bytecode, if any, is beside it
-
-    source = inspect.getfile(torch._inductor.codecache)
     return {"build_s": time.perf_counter() - start, "regions_s": fused.compile_s, "regions": len(fused.regions),
             "built": fused.built, "seconds": fused.compile_seconds,
-            "bytecode_cached": os.path.exists(importlib.util.cache_from_source(source)),
+            "bytecode_cached": torch_bytecode_found(),  # after the build, which imported the modules
             "pycache_prefix": sys.pycache_prefix, "dont_write_bytecode": sys.dont_write_bytecode}
 
 

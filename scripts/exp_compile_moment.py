@@ -99,6 +99,7 @@ def main() -> int:
     from opbench.pipeline.compare import ROUNDS, time_rounds
     from opbench.profile.cuda import _nvml_clock_and_throttle
     from opbench.profile.schedule import default_timer
+    from opbench.profile.timer import host_seconds
     from opbench.runtime.graphs import CompiledModel
 
     bench_fused.DTYPE = args.dtype
@@ -117,12 +118,7 @@ def main() -> int:
         before, cpu, wall = counters(), time.process_time(), time.perf_counter()
         samples = base(label, run)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        torch.cuda.synchronize()
-        host = time.perf_counter()
-        for _ in range(args.number):
-            run()
-        host = (time.perf_counter() - host) / args.number
-        torch.cuda.synchronize()
+        host = host_seconds(run, args.number, torch.cuda.synchronize)
         clocks.append(clock())
         calls = len(samples) * args.number
         after = counters()

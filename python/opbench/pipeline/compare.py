@@ -431,8 +431,7 @@ def _decide(rows: list[dict[str, Any]], tolerance: float, rtol: float | None = N
         row["steady_ms"] = steady_ms(row) if row["measured"] else None
     best = _choice(rows, tolerance, "latency_ms", say=True)
     steady = _choice(rows, tolerance, "steady_ms")
-    baselines = [r for r in rows if r["plan"] is None and not r["refused"]]
-    model = baselines[0] if baselines else None
+    model = next((r for r in rows if r["plan"] is None and not r["refused"]), None)  # the first baseline not refused
     sequential = next(r for r in rows if r["plan"] is not None)
     for row in rows:
         row["kept"], row["steady_kept"] = row is best, row is steady

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import first_line
 from ..utils import PERCENTILES
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -250,9 +254,7 @@ def device_seconds(fn: Any, number: int, host_s: float | None = None, tries: int
                 break
             spin_s = min(SPIN_LIMIT_S, spin_s * 4)
     except (RuntimeError, AttributeError) as err:  # no _sleep in this torch, or a call that failed under it
-        import logging
-
-        logging.getLogger(__name__).info("device time not measured: %s", str(err).splitlines()[0] if str(err) else err)
+        log.info("device time not measured: %s", first_line(err))
     return None
 
 

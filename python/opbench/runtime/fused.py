@@ -289,20 +289,27 @@ class _Traced:
     quick: str | None
 
 
+def torch_bytecode_found() -> bool:
+    """Whether this process finds torch's Inductor modules compiled to bytecode (where ``sys.pycache_prefix``, or
+    beside the sources, says): a usual install has it; without it, every new process compiles their sources."""
+    import importlib.util
+    import os
+
+    import torch
+
+    source = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
+    return os.path.exists(importlib.util.cache_from_source(source))
+
+
 @functools.cache
 def _say_no_bytecode() -> bool:
     """Say once per process (INFO) that torch's Inductor modules have no compiled bytecode here and Python may not
     write it (``PYTHONDONTWRITEBYTECODE``): every new process then compiles their sources again before it can
     load stored regions, seconds of a later build (2.3 s of shufflenet_v2_x1_0's on an H200). Returns whether
     it said so."""
-    import importlib.util
-    import os
     import sys
 
-    import torch
-
-    source = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
-    if not sys.dont_write_bytecode or os.path.exists(importlib.util.cache_from_source(source)):
+    if not sys.dont_write_bytecode or torch_bytecode_found():
         return False
     log.info("torch's modules have no compiled bytecode and Python may not write it (PYTHONDONTWRITEBYTECODE), "
              "so each new process compiles their sources before loading stored regions; unset it, or set "
