@@ -27,8 +27,9 @@ candidate against the independent timing of the same callable.
 Build seconds come twice. With ``--prebuild-jobs 1`` (the default) each model is first compiled alone in a
 process of its own, right before its measured run, nothing timed but the compiles ("cold": ``torch.compile``
 and the regions, into Inductor's caches, with an empty store of compiled regions: ``$OPBENCH_CACHE`` of its
-own); with N > 1 every model's cold build comes first, N at a time (sooner, but the builds then share the
-cores, so each takes longer than alone); 0 builds nothing cold. The measured run then builds again in
+own; with ``--cold-caches`` also from empty Inductor and Triton caches of its own, which that model's measured
+run and rebuild then use); with N > 1 every model's cold build comes first, N at a time (sooner, but the builds
+then share the cores, so each takes longer than alone); 0 builds nothing cold. The measured run then builds again in
 its process ("warm": what a user's second build in a new process costs). The fused build keeps its choice
 (``capturer(cache=True)``, in ``OUT/cache``); after the timing a new process builds the same model again with
 that cache ("rebuild": only the kept candidate is built, nothing measured), and its build seconds, its choice
@@ -61,6 +62,7 @@ BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
 
 
 DTYPE = "float32"  # --dtype
+COLD_CACHES = False  # --cold-caches
 
 
 def load(name: str, batch: int):
@@ -98,6 +100,15 @@ def prebuild(name: str, batch: int) -> dict:
     return res
 
 
+def inductor_caches(out: Path, item: tuple[str, int, str]) -> dict[str, str]:
+    """With ``--cold-caches``: the Inductor and Triton cache folders of one (model, batch, dtype), which its cold
+    build starts empty and its measured run and rebuild then use (``{}`` without the flag: the user's own)."""
+    if not COLD_CACHES:
+        return {}
+    folder = out / "prebuild" / "caches_{}_{}_{}".format(*item)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
+
+
 def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadline: float,
                  env: dict[str, str] | None = None) -> None:
     """``prebuild`` of every item without a file in ``out/prebuild``, ``jobs`` processes at a time."""
@@ -112,7 +123,11 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
             cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d]
             store = folder / f"cache_{n}_{b}_{d}"  # an empty store of compiled regions: a cold build
             shutil.rmtree(store, ignore_errors=True)
-            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store))), time.perf_counter()))
+            caches = inductor_caches(out, (n, b, d))
+            if caches:  # empty Inductor and Triton caches too
+                shutil.rmtree(Path(caches["TORCHINDUCTOR_CACHE_DIR"]).parent, ignore_errors=True)
+            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store), **caches)),
+                            time.perf_counter()))
         time.sleep(1)
         running = [(p, t) for p, t in running if p.poll() is None]
         if time.perf_counter() > deadline:
@@ -177,7 +192,8 @@ def passed_on(args) -> list[str]:
     for and how the rebuild runs."""
     return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode]
             + (["--profile-rebuild"] if args.profile_rebuild else [])
-            + (["--cudnn-benchmark"] if args.cudnn_benchmark else []))
+            + (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
+            + (["--cold-caches"] if args.cold_caches else []))
 
 
 def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
@@ -371,7 +387,8 @@ def measure_one(name: str, batch: int, args) -> None:
         doc = json.loads(path.read_text()) if path.exists() else {"results": []}
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
                    settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds,
-                             "cudnn_benchmark": args.cudnn_benchmark, "mode": args.mode})
+                             "cudnn_benchmark": args.cudnn_benchmark, "mode": args.mode,
+                             "cold_caches": args.cold_caches})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
         with written_whole(path) as part:  # a reader never sees half a file
             part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -390,7 +407,8 @@ def measure_in_new_process(item: tuple[str, int, str], out: Path, args, flags: l
     if args.prebuild_jobs == 1:
         prebuild_all([item], out, 1, deadline, env)
     cmd = [sys.executable, __file__, "--out", str(out), "--one", f"{name}:{batch}", "--dtypes", dtype, *flags]
-    subprocess.run(cmd, env=env, check=False)  # one process per model, batch and dtype
+    # one process per model, batch and dtype (its rebuild inherits its caches)
+    subprocess.run(cmd, env=dict(env, **inductor_caches(out, item)), check=False)
     path = out / args.name
     rows = json.loads(path.read_text())["results"] if path.exists() else []
     print(table([r for r in rows if key(r) == item]), flush=True)
@@ -419,6 +437,9 @@ def main() -> int:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="cuDNN's benchmark mode (torch.backends.cudnn.benchmark) in the measuring and rebuilding "
                              "processes: every candidate's convolutions use the algorithm cuDNN times fastest")
+    parser.add_argument("--cold-caches", action="store_true",
+                        help="each model's cold build starts from empty Inductor and Triton caches of its own (which "
+                             "its measured run and rebuild then use), not only an empty store of compiled regions")
     parser.add_argument("--prebuild", help=argparse.SUPPRESS)
     parser.add_argument("--rebuild", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -432,7 +453,7 @@ def main() -> int:
     from opbench.errors import OpBenchError
     from opbench.models import check_dtype
 
-    global DTYPE
+    global DTYPE, COLD_CACHES
     try:
         dtypes = [check_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
         items = []
@@ -443,7 +464,7 @@ def main() -> int:
     except (OpBenchError, ValueError) as err:
         parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16, "
                      "--gpus GPU indices such as 0,1)")
-    DTYPE = dtypes[0]
+    DTYPE, COLD_CACHES = dtypes[0], args.cold_caches
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.prebuild or args.rebuild or args.one:

@@ -1,8 +1,9 @@
 """Experiment: where does a parallel schedule's time go beyond the critical path?
 
 For each model and precision (``default``: PyTorch's own settings, TF32 in cuDNN convolutions;
-``fp32``: TF32 off), on the ATen operators of ``torch.export`` (or, with ``--backend tvm``, on
-TVM's default kernels):
+``fp32``: TF32 off), on the ATen operators of ``torch.export`` (with ``--backend tvm``, on
+TVM's default kernels; with ``--backend fused``, on the regions ``capturer(kernels="fused")`` compiles
+with Inductor, its operators being those regions):
 
 1. every operator timed alone; the critical path (the longest chain by those times) timed alone;
 2. the schedules of greedy (2, 3, 4 and 8 streams), nimble, opara and ios, side by side;
@@ -19,6 +20,7 @@ Writes OUT/exp_gap.json (``--name``; after every model) and prints one line per 
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out --backend tvm --models googlenet
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_gap.py --out out --backend fused --precisions default
 """
 
 from __future__ import annotations
@@ -100,15 +102,16 @@ def inside_times(backend: Any, plan: Any, replays: int) -> tuple[dict[int, float
     return ({op: med(v) for op, v in durations.items()}, {op: med(v) for op, v in starts.items()}, med(spans))
 
 
-def analyse(name: str, build: Any, precision: str, repeat: int, number: int) -> dict[str, Any]:
-    """Steps 1-4 of the module docstring on the backends ``build(merge)`` returns."""
+def analyse(name: str, build: Any, precision: str, repeat: int, number: int,
+            merges: tuple[str, ...] = ("none", "all", "ios")) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring on the backends ``build(merge)`` returns, for each of ``merges``."""
     from opbench.pipeline.compare import critical_path, operator_latencies, scheduling_cost
     from opbench.runtime.executor import ParallelExecutor
     from opbench.schedule import IOS, Greedy, Nimble, Opara, Sequential
 
     out: dict[str, Any] = {"model": name, "precision": precision}
     variants: dict[str, Any] = {}
-    for merge in ("none", "all", "ios"):
+    for merge in merges:
         clock = time.perf_counter()
         backend = build(merge)
         build_s = time.perf_counter() - clock
@@ -180,8 +183,10 @@ def main() -> None:
     parser.add_argument("--precisions", default="default,fp32")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--backend", default="torch", choices=("torch", "tvm"),
-                        help="torch: ATen kernels (per precision); tvm: TVM's default kernels (fp32)")
+    parser.add_argument("--backend", default="torch", choices=("torch", "tvm", "fused"),
+                        help="torch: ATen kernels (per precision); tvm: TVM's default kernels (fp32); fused: the "
+                             "regions capturer(kernels='fused') compiles with Inductor (per precision; merges none "
+                             "and all)")
     parser.add_argument("--name", default="exp_gap.json", help="file name of the JSON under --out")
     args = parser.parse_args()
     import torch
@@ -189,11 +194,12 @@ def main() -> None:
     from opbench.models import load_workload
     from opbench.pipeline.compile import torch_backend, tvm_backend
     from opbench.runtime import resolve_target
+    from opbench.runtime.fused import FusedBackend
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
-    precisions = args.precisions.split(",") if args.backend == "torch" else ["fp32"]
+    precisions = args.precisions.split(",") if args.backend != "tvm" else ["fp32"]
     for precision in precisions:
         torch.backends.cudnn.allow_tf32 = precision == "default"
         torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
@@ -203,6 +209,12 @@ def main() -> None:
                 def build(merge: str, w: Any = w) -> Any:
                     return tvm_backend(w, resolve_target("cuda"), merge=merge, repeat=args.repeat,
                                        number=args.number)
+            elif args.backend == "fused":
+                model = w.torch_module.cuda().eval()
+                x = torch.from_numpy(w.example_inputs()[0]).cuda()
+
+                def build(merge: str, model: Any = model, x: Any = x) -> Any:
+                    return FusedBackend(model, [x], merge=merge == "all")
             else:
                 model = w.torch_module.cuda().eval()
                 x = torch.from_numpy(w.example_inputs()[0]).cuda()
@@ -210,8 +222,9 @@ def main() -> None:
                 def build(merge: str, model: Any = model, x: Any = x) -> Any:
                     return torch_backend(model, [x], merge=merge, trace="export", repeat=args.repeat,
                                          number=args.number)
+            merges = ("none", "all") if args.backend == "fused" else ("none", "all", "ios")
             with torch.no_grad():
-                results.append(analyse(name, build, precision, args.repeat, args.number))
+                results.append(analyse(name, build, precision, args.repeat, args.number, merges))
             (out_dir / args.name).write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                               "torch": torch.__version__, "results": results},
                                                              indent=1))

@@ -40,12 +40,15 @@ log = logging.getLogger(__name__)
 
 #: the version of how a region is compiled and stored (a part of each stored region's key)
 REGION_FORMAT = 1
-#: the fewest structures to compile for which worker processes start (starting one costs seconds: an import of
-#: torch and a CUDA context; on an H100 host, workers took 18 s for three structures)
-WORKERS_FROM = 12
+#: the fewest structures to compile for which worker processes start. Starting one costs seconds (an import of
+#: torch and a CUDA context; on an H100 host, workers took 18 s for three structures), but the build never waits
+#: for them (it compiles from the first while they compile from the last), so a few are enough: resnet-50's 13
+#: structures, compiled here alone, took 1.43x a cold torch.compile (16.3 vs 11.4 s, H200 host)
+WORKERS_FROM = 6
 #: structures compiled here first, and the seconds each must take on average (Inductor's caches cold) for workers
-#: to start; warm, a structure compiles here in 0.1-0.3 s, and workers took 16 s for googlenet's 42 (H100 host)
-PROBES, COLD_S = 2, 1.0
+#: to start; warm, a structure compiles here in 0.1-0.3 s, cold 0.6-1.5 s; workers took 16 s for googlenet's 42
+#: (H100 host)
+PROBES, COLD_S = 2, 0.5
 #: the artifact key of an index entry that says its region computes nothing (:func:`_no_operators`): a later
 #: build runs such a region as it is, without tracing it to ATen to find that out again
 NO_OPERATORS = "no_operators"
