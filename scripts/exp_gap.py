@@ -209,17 +209,13 @@ def main() -> None:
                 def build(merge: str, w: Any = w) -> Any:
                     return tvm_backend(w, resolve_target("cuda"), merge=merge, repeat=args.repeat,
                                        number=args.number)
-            elif args.backend == "fused":
-                model = w.torch_module.cuda().eval()
-                x = torch.from_numpy(w.example_inputs()[0]).cuda()
-
-                def build(merge: str, model: Any = model, x: Any = x) -> Any:
-                    return FusedBackend(model, [x], merge=merge == "all")
             else:
                 model = w.torch_module.cuda().eval()
                 x = torch.from_numpy(w.example_inputs()[0]).cuda()
 
                 def build(merge: str, model: Any = model, x: Any = x) -> Any:
+                    if args.backend == "fused":
+                        return FusedBackend(model, [x], merge=merge == "all")
                     return torch_backend(model, [x], merge=merge, trace="export", repeat=args.repeat,
                                          number=args.number)
             merges = ("none", "all") if args.backend == "fused" else ("none", "all", "ios")
