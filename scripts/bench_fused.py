@@ -100,12 +100,18 @@ def prebuild(name: str, batch: int) -> dict:
     return res
 
 
+def caches_folder(out: Path, item: tuple[str, int, str]) -> Path:
+    """Where ``--cold-caches`` keeps the Inductor and Triton caches of one (model, batch, dtype)."""
+    return out / "prebuild" / "caches_{}_{}_{}".format(*item)
+
+
 def inductor_caches(out: Path, item: tuple[str, int, str]) -> dict[str, str]:
-    """With ``--cold-caches``: the Inductor and Triton cache folders of one (model, batch, dtype), which its cold
-    build starts empty and its measured run and rebuild then use (``{}`` without the flag: the user's own)."""
+    """With ``--cold-caches``: the environment that points Inductor and Triton at :func:`caches_folder`, which
+    the item's cold build starts empty and its measured run and rebuild then use (``{}`` without the flag: the
+    user's own caches)."""
     if not COLD_CACHES:
         return {}
-    folder = out / "prebuild" / "caches_{}_{}_{}".format(*item)
+    folder = caches_folder(out, item)
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
@@ -123,10 +129,10 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
             cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d]
             store = folder / f"cache_{n}_{b}_{d}"  # an empty store of compiled regions: a cold build
             shutil.rmtree(store, ignore_errors=True)
-            caches = inductor_caches(out, (n, b, d))
-            if caches:  # empty Inductor and Triton caches too
-                shutil.rmtree(Path(caches["TORCHINDUCTOR_CACHE_DIR"]).parent, ignore_errors=True)
-            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store), **caches)),
+            if COLD_CACHES:  # empty Inductor and Triton caches too
+                shutil.rmtree(caches_folder(out, (n, b, d)), ignore_errors=True)
+            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store),
+                                                           **inductor_caches(out, (n, b, d)))),
                             time.perf_counter()))
         time.sleep(1)
         running = [(p, t) for p, t in running if p.poll() is None]

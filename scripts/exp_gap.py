@@ -200,6 +200,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     precisions = args.precisions.split(",") if args.backend != "tvm" else ["fp32"]
+    merges = ("none", "all") if args.backend == "fused" else ("none", "all", "ios")
     for precision in precisions:
         torch.backends.cudnn.allow_tf32 = precision == "default"
         torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
@@ -218,7 +219,6 @@ def main() -> None:
                         return FusedBackend(model, [x], merge=merge == "all")
                     return torch_backend(model, [x], merge=merge, trace="export", repeat=args.repeat,
                                          number=args.number)
-            merges = ("none", "all") if args.backend == "fused" else ("none", "all", "ios")
             with torch.no_grad():
                 results.append(analyse(name, build, precision, args.repeat, args.number, merges))
             (out_dir / args.name).write_text(json.dumps({"device": torch.cuda.get_device_name(),
