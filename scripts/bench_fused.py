@@ -93,7 +93,7 @@ def prebuild(name: str, batch: int) -> dict:
     torch.cuda.synchronize()
     res = {"torch_compile_cold_s": time.perf_counter() - t}
     t = time.perf_counter()
-    fused = FusedBackend(model, inputs)
+    fused = FusedBackend(model, inputs, combo=True)  # as the capturer compiles: combo code for long regions too
     res.update(fused_cold_s=time.perf_counter() - t, regions_compile_cold_s=fused.compile_s,
                regions=len(fused.regions), region_fallbacks=len(fused.fallbacks), regions_built=fused.built,
                regions_seconds=fused.compile_seconds)
@@ -291,6 +291,9 @@ def bench(name: str, batch: int, args) -> dict:
     # regions handed other strides than the eager run's by their compiled producers: compiled again for them;
     # those that still copied their inputs into their code's strides (one kernel each, in every capture)
     res["regions_recompiled"], res["regions_restrided"] = regions.recompiled, regions.restrided
+    # combo kernels inside long regions: region -> (default, combo) ms as timed to choose, and the regions kept so
+    res["regions_combo_ms"] = {k: [v[0] * 1e3, v[1] * 1e3] for k, v in regions.combo_times.items()}
+    res["regions_combo_kept"] = regions.combo_regions
     res["torch_compile_table_ms"] = next(r["latency_ms"] for r in fused.table if r["schedule"] == "torch.compile")
     res["combo_table_ms"] = next((r["latency_ms"] for r in fused.table
                                   if r["schedule"] == "torch.compile + combo kernels"), None)

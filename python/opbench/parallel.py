@@ -29,7 +29,7 @@ from .pipeline.compare import (
     table_rows,
     trace_rows,
 )
-from .pipeline.compile import check_kernels, merge_mode, torch_backend
+from .pipeline.compile import check_kernels, merge_mode, saved_cut, torch_backend
 from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
@@ -144,11 +144,13 @@ def _prepared(inputs: Any, model: Any, caller: str, o: CaptureOptions) -> tuple[
 
 def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedule | None) -> KernelBackend:
     """The kernels of ``o.kernels`` (traced as ``compare --backend torch`` traces); fused regions take the cut of
-    ``saved``, an earlier build's schedule, when there is one."""
-    regions = saved.meta.get("regions") if saved is not None and o.kernels == "fused" else None
-    merged = saved.meta.get("merged") if regions is not None else None  # the saved cut names the merged nodes
+    ``saved``, an earlier build's schedule, when there is one, and otherwise offer combo kernels inside long regions
+    when the ``torch.compile`` rows include combo kernels (:func:`~opbench.pipeline.compile.choose_combo`)."""
+    fused = o.kernels == "fused"
+    combo = fused and "combo" in compile_variants(o.compiled, o.kernels)
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                         kernels=o.kernels, cut=o.cut, regions=regions, merged=merged or None)
+                         kernels=o.kernels, cut=o.cut, combo=combo,
+                         **(saved_cut(saved.meta) if saved is not None and fused else {}))
 
 
 def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
@@ -385,7 +387,9 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     ``schedulers``, ``mode``, ``schedule``, ``tolerance`` and ``timer``). The operators are
     ``kernels="aten"``: PyTorch's own kernels, one per traced call; or ``kernels="fused"``: regions of
     the traced graph, each compiled by Inductor (:class:`opbench.runtime.fused.FusedBackend`; ``cut``:
-    ``auto``, the branches cut, or one of :data:`opbench.ir.regions.CUTS`). The result is a
+    ``auto``, the branches cut, or one of :data:`opbench.ir.regions.CUTS`; with the combo row, each long region
+    is also compiled with combo kernels and keeps the faster of its two codes,
+    :func:`opbench.pipeline.compile.choose_combo`). The result is a
     :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
     fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or
     :class:`~opbench.runtime.graphs.CompiledModel`), with the reason logged at INFO: never slower than

@@ -375,6 +375,68 @@ def test_capturer_fused_keeps_the_fastest_and_a_saved_cut_is_reused(block, tmp_p
         capturer(torch.randn(1, 4, 10, 10), other, kernels="fused", schedule=tmp_path / "s.json")
 
 
+@pytest.mark.parametrize("combo_faster", [True, False])
+def test_combo_kernels_inside_long_regions_are_timed_through_one_path_and_kept_where_faster(
+        block, tmp_path, monkeypatch, combo_faster):
+    from opbench.pipeline import compile as compile_module
+    from opbench.pipeline.compile import choose_combo, saved_cut, torch_backend
+    from opbench.runtime import fused
+
+    model, x = block
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(fused, "COMBO_FROM", 3)  # the three-operator branch is long enough
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path))
+    backend = fused.FusedBackend(model, [x], store=tmp_path / "regions", combo=True)
+    long = [i for i, region in enumerate(backend.regions) if len(region) >= 3]
+    assert len(long) == 1 and backend.combo_offered == [f"submod_{long[0]}"]
+    assert backend.built["combo_compiled"] == 1 and backend.combo_regions == []
+    for names in (backend.combo_offered, []):  # either code gives the model's outputs
+        backend.use_combo(names)
+        torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(OpBenchError, match="without combo-kernel code: submod_0"):
+        backend.use_combo(["submod_0"])
+    calls, time_ops = [], compile_module.time_ops
+
+    def timed(backend_, ops, repeat, number):  # one path for both codes: only which code is in place differs
+        calls.append((tuple(ops), repeat, number, bool(backend_.combo_regions)))
+        time_ops(backend_, ops, 1, 1)  # launched for real, on the values the operators before it give
+        return [1.0 if bool(backend_.combo_regions) == combo_faster else 2.0] * repeat
+
+    monkeypatch.setattr(compile_module, "time_ops", timed)
+    backend = fused.FusedBackend(model, [x], store=tmp_path / "regions", combo=True)  # nothing run yet
+    times = choose_combo(backend, repeat=2, number=3, rounds=2)
+    op = backend.region_op(f"submod_{long[0]}")
+    assert calls == [((op,), 2, 3, False), ((op,), 2, 3, True)] * 2  # alternating rounds
+    assert times == {f"submod_{long[0]}": (2.0, 1.0) if combo_faster else (1.0, 2.0)}
+    assert backend.combo_regions == (long if combo_faster else [])
+    meta = backend.schedule_meta()
+    assert meta["combo"] == backend.combo_regions
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    # a second build from the saved cut builds each region in the code kept, loaded, and times nothing
+    monkeypatch.setattr(compile_module, "time_ops", lambda *a: pytest.fail("timed again"))
+    again = torch_backend(model, [x], kernels="fused", combo=True, **saved_cut(meta))
+    assert again.combo_regions == backend.combo_regions and again.combo_offered == []
+    assert again.built.get("combo_loaded", 0) == len(backend.combo_regions) and "compiled" not in again.built
+    assert "combo_compiled" not in again.built
+    torch.testing.assert_close(_greedy(again)[0], expected, rtol=1e-4, atol=1e-5)
+    if combo_faster:  # with workers, one compiles the combo-kernel code meanwhile, and this process waits for it
+        workers = fused.FusedBackend(model, [x], store=tmp_path / "workers", combo=True, jobs=2)
+        assert workers.built["combo_compiled_by_workers"] == 1 and workers.built["compiled"] >= 1
+        assert workers.compile_seconds["combo_waited"] >= 0 and "combo_compiled" not in workers.built
+        workers.use_combo(workers.combo_offered)
+        torch.testing.assert_close(_greedy(workers)[0], expected, rtol=1e-4, atol=1e-5)
+        # a worker that stores nothing (it hangs) is waited for WAIT_S at most; then this process compiles the code
+        hang = tmp_path / "hang.sh"
+        hang.write_text("#!/bin/sh\nexec sleep 600\n")
+        hang.chmod(0o755)
+        monkeypatch.setattr(sys, "executable", str(hang))
+        monkeypatch.setattr(fused, "WAIT_S", 0.5)
+        hung = fused.FusedBackend(model, [x], store=tmp_path / "hung", combo=True, jobs=2)
+        assert hung.built["combo_compiled"] == 1 and 0.5 <= hung.compile_seconds["combo_waited"] < 60
+        assert hung.combo_offered == backend.combo_offered
+
+
 def test_bad_kernels_and_cuts_are_one_line(block):
     from opbench import capturer
     from opbench.pipeline.compile import torch_backend

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import OpBenchError
 from ..utils import announced
 from .compare import CompareOptions, CompareResult, compare
-from .compile import BackendSpec, model_backend
+from .compile import BackendSpec, model_backend, saved_cut
 from .spec import ModelSpec, Spec, SpecError
 
 
@@ -74,9 +74,8 @@ def run_compare(job: CompareJob) -> CompareResult:
     dtype = "" if m.dtype == "float32" else f", {m.dtype}"
     with announced(f"loading {m.source} model {m.name} (batch {m.batch_size}{dtype})"):
         workload = m.load_workload()
-    regions = schedule.meta.get("regions") if schedule is not None else None
-    merged = schedule.meta.get("merged") if regions else None  # the saved cut names the merged graph's nodes
-    backend_spec = dataclasses.replace(job.backend, regions=regions, merged=merged or None) if regions else job.backend
+    saved = saved_cut(schedule.meta if schedule is not None else None)
+    backend_spec = dataclasses.replace(job.backend, **saved) if saved else job.backend
     backend, baseline = model_backend(workload, target, backend_spec, job.database, m.seed)
     result = compare(backend, job.options, baseline)
     result.workload = workload

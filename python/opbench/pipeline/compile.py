@@ -180,6 +180,12 @@ class BackendSpec(Spec):
         ``meta["merged"]``), merged again instead of choosing (the saved ``regions`` name their nodes).
     compiled:
         ``torch.compile`` baselines beside a torch model's own CUDA Graph (``None``: with fused kernels).
+    combo:
+        For fused kernels: compile each long region also with Inductor's combo kernels and keep, region by region,
+        the code that runs faster (:func:`choose_combo`).
+    combo_regions:
+        A saved fused schedule's regions that ran their combo-kernel code (its ``meta["combo"]``), built so again
+        instead of choosing.
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -193,6 +199,8 @@ class BackendSpec(Spec):
     regions: tuple[tuple[str, ...], ...] | None = None
     merged: tuple[tuple[str, ...], ...] | None = None
     compiled: bool | None = None
+    combo: bool = False
+    combo_regions: tuple[int, ...] | None = None
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
@@ -241,8 +249,11 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
             def costs(gm: Any) -> list[float]:
                 return alone_times(TorchBackend(gm, inputs, trace="graph"), repeat=min(repeat, 3),
                                    number=min(number, 5))
-        return KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
-                                    regions=regions, trace=trace, costs=costs, merge=merge or False)
+        fused = KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
+                                     regions=regions, trace=trace, costs=costs, merge=merge or False,
+                                     combo=list(o.combo_regions) if o.combo_regions is not None else o.combo)
+        choose_combo(fused, repeat, number)
+        return fused
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
     if mode == "ios":
         chosen = ios_merges(backend, repeat=repeat, number=number)
@@ -251,6 +262,42 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
         if chosen:
             backend = TorchBackend(model, inputs, trace=backend.trace, merge=chosen)
     return backend
+
+
+def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The :class:`BackendSpec` fields that build a saved fused schedule's regions again, from its ``meta``: the cut
+    (``regions``), the merged groups it names (``merged``) and the regions that ran combo-kernel code
+    (``combo_regions``; none for a schedule saved before they could); ``{}`` for a schedule without a cut."""
+    regions = (meta or {}).get("regions")
+    if not regions:
+        return {}
+    return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ())}
+
+
+def choose_combo(backend: Any, repeat: int = 10, number: int = 20, rounds: int = 3) -> dict[str, tuple[float, float]]:
+    """Time each region that a fused backend offers in two codes (``FusedBackend(combo=True)``: Inductor's default
+    and its combo kernels), each alone in its own CUDA Graph (:func:`time_ops`, the path the schedulers' costs take),
+    in ``rounds`` alternating rounds, and keep the code of the lower median, region by region
+    (``backend.use_combo``). Returns region -> (default, combo) median seconds, also kept as
+    ``backend.combo_times``."""
+    offered = list(getattr(backend, "combo_offered", []))
+    if not offered:
+        return {}
+    for index in range(len(backend.graph)):  # every operator once: the values each region reads
+        backend.launch(index)
+    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in offered}
+    for _ in range(rounds):
+        for with_combo in (False, True):
+            backend.use_combo(offered if with_combo else [])
+            for name in offered:
+                samples[name][with_combo].extend(time_ops(backend, [backend.region_op(name)], repeat, number))
+    times = {name: (median(default), median(combo)) for name, (default, combo) in samples.items()}
+    backend.use_combo([name for name, (default, combo) in times.items() if combo < default])
+    backend.combo_times = times
+    log.info("combo kernels inside regions: %s", "; ".join(
+        f"{name} {d * 1e3:.3f} -> {c * 1e3:.3f} ms ({'kept' if c < d else 'not kept'})"
+        for name, (d, c) in times.items()))
+    return times
 
 
 def ios_merges(backend: TorchBackend, latencies: Sequence[float] | None = None, repeat: int = 10,

@@ -55,6 +55,15 @@ NO_OPERATORS = "no_operators"
 #: how far (relative norm) a region found through its quick key may be from the region's own outputs: Inductor's
 #: rounding differs from eager's by far less; code of another region by far more
 CLOSE = 5e-2
+#: the fewest traced operators of a region that ``FusedBackend(combo=True)`` compiles a second time with Inductor's
+#: horizontal fusion (``combo_kernels``), to be timed against its default code. Combo kernels join kernels that do
+#: not depend on each other: a region of the branches cut is a series of operators between forks and joins, so only
+#: a long one holds such kernels (densenet121's one region of 431 operators: the copies into its concatenations);
+#: a short one would cost a compile and find nothing
+COMBO_FROM = 32
+#: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
+#: that code itself (a cold compile of densenet121's one region takes 21-23 s)
+WAIT_S = 300.0
 
 
 class RegionCall:
@@ -188,15 +197,15 @@ def _has_constants(graph: Any) -> bool:
     return any(n.op == "get_attr" for n in graph.graph.nodes)
 
 
-def _region_key(graph: Any, values: Sequence[Any]) -> str:
+def _region_key(graph: Any, values: Sequence[Any], combo: bool = False) -> str:
     """The stored artifact's key: the ATen graph's code, its values' metadata (:func:`_meta`), the device's name,
-    the torch version and :data:`REGION_FORMAT`."""
+    the torch version and :data:`REGION_FORMAT`, and whether it was compiled with combo kernels."""
     import torch
 
     from ..utils import digest
 
     return digest({"code": graph.code, "inputs": [_meta(x) for x in values], "device": _device_name(values),
-                   "torch": torch.__version__, "format": REGION_FORMAT})
+                   "torch": torch.__version__, "format": REGION_FORMAT} | ({"combo": True} if combo else {}))
 
 
 def _meta(x: Any) -> Any:
@@ -237,14 +246,14 @@ def _module_key(module: Any) -> list[Any]:
             for name, m in module.named_modules()] + [repr(module)]
 
 
-def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
+def _quick_key(region: Any, values: Sequence[Any], combo: bool = False) -> str | None:
     """A key of a region as traced by ``torch.fx``, computed without tracing it to ATen: its nodes in order, each
     with its operation, its target (a module by :func:`_module_key`, not by name, so that regions of one structure
     share a key; a function by its qualified name) and its arguments (earlier nodes by position), and the metadata
     of its inputs, parameters and buffers. None for a region that calls a function outside torch and the standard
     library. A later build finds through it the stored artifact of the region's ATen graph
     (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's, once for each key
-    and build."""
+    and build. ``combo``: the key of its code compiled with combo kernels."""
     import torch
     from torch.fx.node import map_arg
 
@@ -275,7 +284,8 @@ def _quick_key(region: Any, values: Sequence[Any]) -> str | None:
         arguments = map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
         nodes.append([node.op, target, repr(arguments)])
     return digest({"nodes": nodes, "values": [_meta(x) for x in values], "device": _device_name(values),
-                   "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2})
+                   "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2}
+                  | ({"combo": True} if combo else {}))
 
 
 @dataclasses.dataclass
@@ -331,7 +341,9 @@ class RegionCompiler:
     cold), that many worker processes compile them from the last while this process compiles from the first
     (:meth:`_start_workers`; each compile is mostly single-threaded Python).
     A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
-    Inductor cannot compile at all runs its ATen operators.
+    Inductor cannot compile at all runs its ATen operators. With ``combo``, every region is compiled with Inductor's
+    horizontal fusion (``combo_kernels``; keys of their own), and one that cannot be compiled so is left as it is,
+    with the reason (no ``torch.compile`` of it).
 
     Attributes
     ----------
@@ -347,12 +359,15 @@ class RegionCompiler:
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
 
-    def __init__(self, folder: Any | None, jobs: int = 1) -> None:
-        self.folder, self.jobs = folder, jobs
+    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False) -> None:
+        self.folder, self.jobs, self.combo = folder, jobs, combo
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
         self._given: set[str] = set()  # structures handed to worker processes
+        self._worker_of: dict[str, Any] = {}  # structure -> the worker process that compiles it
+        self._pretraced: dict[str, _Traced | None] = {}  # region name -> traced by :meth:`start`
+        self._waits = False  # whether this process waits for a worker's structure instead of compiling it too
         self._workers: list[tuple[Any, Any]] = []  # (process, its standard error)
         self._workers_since = 0.0
         self._feed: Any = None  # the thread that hands the workers their shares
@@ -395,6 +410,12 @@ class RegionCompiler:
         # a graph of None was found stored: it has no constants
         constants = graph is not None and _has_constants(graph)
         artifact, how, clock = None, "compiled", time.perf_counter()
+        worker = self._worker_of.get(key) if self._waits else None
+        while worker is not None and worker.poll() is None and not path.is_file() \
+                and time.perf_counter() - clock < WAIT_S:  # it is compiling it
+            time.sleep(0.05)
+        if worker is not None:
+            clock = self._lap("waited", clock)
         if path is not None and not constants and path.is_file():
             try:
                 artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
@@ -406,8 +427,7 @@ class RegionCompiler:
         if artifact is None:
             if graph is None:
                 raise OpBenchError("its stored code could not be loaded")
-            with torch.no_grad():
-                artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
+            artifact = _standalone_compile(graph, values, self.combo)
             how = "compiled"
             if path is not None and not constants:
                 try:
@@ -421,13 +441,30 @@ class RegionCompiler:
         self._built[key] = artifact
         return artifact, how
 
-    def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
+    def start(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]]) -> None:
+        """Trace ``regions`` (as :meth:`compile_all` takes them) and hand those not stored yet to worker processes
+        now (``jobs`` > 1), each with a share of the cores for Inductor's compile threads, while this process
+        builds other regions; a later :meth:`compile_all` of them waits for the workers' code instead of
+        compiling it again (a second code of a long region: one structure, whose compile takes as long as the
+        first's)."""
+        import os
+
+        self._pretraced = {name: self._trace(name, region, inputs) for name, region, inputs, _ in regions}
+        todo = {t.key: (t.graph, t.values) for t in self._pretraced.values()
+                if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
+        if self.jobs > 1 and todo:
+            self._waits = True
+            workers = min(self.jobs, len(todo))
+            self._start_workers(todo, threads=max(1, (os.cpu_count() or 2) // 2 // workers))
+
+    def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]], threads: int = 1) -> None:
         """Start ``jobs`` worker processes that compile and store ``todo`` (key -> ATen graph, values, in the order
         this process builds them) from its end: each worker takes every ``jobs``-th structure counted from the
         last. This process does not wait for them: it builds its regions in order, loading a structure a worker
         has stored by then and compiling the others itself, so that they meet in the middle and the build takes
         no longer than compiling here alone would (a worker's start, an import of torch and Inductor's first
-        compile, takes seconds). :meth:`_stop_workers` ends them once every region is built.
+        compile, takes seconds). :meth:`_stop_workers` ends them once every region is built. ``threads``: each
+        worker's Inductor compile threads.
 
         The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
         caller's script runs again in them."""
@@ -444,12 +481,12 @@ class RegionCompiler:
         shares = [backwards[i::self.jobs] for i in range(min(self.jobs, len(todo)))]
         payloads: list[tuple[Any, bytes]] = []
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
-        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",
+        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(threads),
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         for share in shares:
             try:
-                payload = pickle.dumps([(key, graph, _specs(values), str(self._path(key)))
-                                        for key, (graph, values) in share])
+                payload = pickle.dumps((self.combo, [(key, graph, _specs(values), str(self._path(key)))
+                                                     for key, (graph, values) in share]))
             except Exception as err:  # graphs that cannot travel are compiled here
                 log.info("regions compiled here: %s", first_line(err))
                 continue
@@ -458,6 +495,7 @@ class RegionCompiler:
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=env)
             self._workers.append((proc, errors))
             self._given.update(key for key, _ in share)
+            self._worker_of.update((key, proc) for key, _ in share)
             payloads.append((proc, payload))
 
         def feed() -> None:  # each worker reads its share before it imports torch; this process goes on meanwhile
@@ -533,7 +571,7 @@ class RegionCompiler:
         # tuple's repr, which would hold the tensors' values)
         values = [*torch.utils._pytree.tree_leaves(list(inputs)), *tensors]
         try:
-            quick = _quick_key(region, values) if self.folder is not None else None
+            quick = _quick_key(region, values, self.combo) if self.folder is not None else None
         except Exception as err:  # a module whose repr fails, say: no quick key
             quick = None
             log.debug("region %s: no quick key (%s)", name, first_line(err))
@@ -544,7 +582,7 @@ class RegionCompiler:
         clock = self._lap("trace", clock)
         try:
             graph, spec = _aten_graph(region, inputs, names, tensors)
-            return _Traced(graph, values, tensors, spec, _region_key(graph, values), quick)
+            return _Traced(graph, values, tensors, spec, _region_key(graph, values, self.combo), quick)
         except Exception as err:  # not traceable to ATen: Dynamo's way
             log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
             return None
@@ -555,10 +593,11 @@ class RegionCompiler:
         """Each ``(name, region, inputs, outputs)`` (``outputs``: the region's own on ``inputs``) compiled, the code
         of each structure (and quick key) run once on its region's inputs: name -> (callable, None), or (the
         region itself, why) when Inductor cannot compile it (see the class docstring)."""
-        traced = {name: self._trace(name, region, inputs) for name, region, inputs, _ in regions}
+        traced = {name: self._pretraced[name] if name in self._pretraced else self._trace(name, region, inputs)
+                  for name, region, inputs, _ in regions}
         todo = {t.key: (t.graph, t.values) for t in traced.values()
                 if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
-        if self.jobs > 1 and len(todo) >= WORKERS_FROM:
+        if self.jobs > 1 and len(todo) >= WORKERS_FROM and not self._workers:
             # a few here first: with Inductor's caches warm a structure compiles here in a fraction of a second,
             # less than a worker takes to start; cold it takes seconds, and workers compile the rest
             clock, probes = time.perf_counter(), list(todo)[:PROBES]
@@ -608,7 +647,11 @@ class RegionCompiler:
                     self._entries[traced.quick] = None
                     self._built.pop(traced.key, None)
                     return self._one(name, region, inputs, outputs, self._trace(name, region, inputs))
+                if self.combo:
+                    return region, f"not compiled with combo kernels: {first_line(err)[:200]}"
                 log.debug("region %s: ahead-of-time compile failed (%s); using torch.compile", name, first_line(err))
+        if self.combo:
+            return region, "not traced to ATen"
         clock = time.perf_counter()
         compiled, why = compile_region(region, inputs, name)
         self._count("aten" if why else "torch.compile")
@@ -686,17 +729,26 @@ def _worker() -> None:
     import torch._inductor.compile_fx  # noqa: F401  (what the graphs' unpickling refers to)
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
-    for key, graph, specs, path in pickle.loads(data):  # noqa: S301 (a pipe from our parent, never a file)
+    combo, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
+    for key, graph, specs, path in share:
         if os.path.exists(path):
             continue
         try:
             values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
                       for s in specs]
-            with torch.no_grad():
-                artifact = torch._inductor.standalone_compile(graph, values, dynamic_shapes="from_example_inputs")
+            artifact = _standalone_compile(graph, values, combo)
             artifact.save(path=path, format="binary")
         except Exception as err:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
+
+
+def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool) -> Any:
+    """``graph`` (ATen) compiled by Inductor for ``values``, with combo kernels when ``combo``."""
+    import torch
+
+    options = torch._inductor.config.patch(combo_kernels=True) if combo else contextlib.nullcontext()
+    with torch.no_grad(), options:
+        return torch._inductor.standalone_compile(graph, list(values), dynamic_shapes="from_example_inputs")
 
 
 def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, str | None]:
@@ -729,11 +781,12 @@ def compile_jobs(jobs: int | None) -> int:
 
 
 def _compile_for_handed_strides(split: Any, inputs: Sequence[Any], built: dict[str, tuple[Any, str | None]],
-                                compiler: RegionCompiler, produced: dict[str, Any]) -> list[str]:
+                                compiler: Callable[[str], RegionCompiler], produced: dict[str, Any]) -> list[str]:
     """Run the split graph once with its compiled regions, in order, and compile again, for the strides it is
     handed, each region whose code was compiled for other ones (the eager run's: a compiled producer may pad
     strides or return a contiguous tensor where eager returned a view), so that no call copies its inputs into
-    the strides its code expects (:class:`RegionCall`). ``built`` (name -> (callable, why)) is updated in place;
+    the strides its code expects (:class:`RegionCall`). ``built`` (name -> (callable, why)) is updated in place,
+    each region compiled again by ``compiler(name)``;
     returns the names of the regions compiled again. A later build finds their code through their quick keys,
     which hold the strides handed."""
     import torch
@@ -746,7 +799,7 @@ def _compile_for_handed_strides(split: Any, inputs: Sequence[Any], built: dict[s
             call = built[target][0] if target in built else self.fetch_attr(target)
             if isinstance(call, RegionCall) and not kwargs and call.differs(args):
                 region = split.get_submodule(target)
-                built[target] = compiler.compile_all([(target, region, list(args), produced[target])])[target]
+                built[target] = compiler(target).compile_all([(target, region, list(args), produced[target])])[target]
                 call = built[target][0]
                 again.append(target)
             return call(*args, **kwargs)
@@ -781,6 +834,11 @@ class FusedBackend(TorchBackend):
         ``$OPBENCH_CACHE/regions``, None keeps nothing.
     jobs:
         Worker processes that compile the regions not stored yet (:func:`compile_jobs`; None: automatic).
+    combo:
+        Inductor's horizontal fusion inside regions: ``True`` compiles each region of at least :data:`COMBO_FROM`
+        operators a second time with ``combo_kernels`` (:attr:`combo_offered`; the caller times both and picks
+        with :meth:`use_combo`); a list of region indices (a saved schedule's ``meta["combo"]``) compiles those
+        regions only so; ``False``: none.
 
     Attributes
     ----------
@@ -803,6 +861,12 @@ class FusedBackend(TorchBackend):
     restrided:
         The regions whose calls copied inputs into their code's strides, and how many (:class:`RegionCall`; none
         after :attr:`recompiled`, unless strides change later).
+    combo_offered:
+        The regions (submodule names) that have both codes, default and combo kernels (``combo=True``).
+    combo_regions:
+        The indices (into :attr:`regions`) of the regions that run their combo-kernel code.
+    combo_times:
+        Region -> (default, combo) seconds, as the caller timed them to choose (empty until then).
     """
 
     name = "fused"
@@ -811,7 +875,7 @@ class FusedBackend(TorchBackend):
                  regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
                  merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
-                 jobs: int | None = None) -> None:
+                 jobs: int | None = None, combo: bool | Sequence[int] = False) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -854,17 +918,25 @@ class FusedBackend(TorchBackend):
         start = time.perf_counter()
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
-        compiler = RegionCompiler(None if store is None else Path(store), compile_jobs(jobs))
-        built = compiler.compile_all([(name, region, seen[name], produced[name])
-                                      for name, region in split.named_children() if name in seen])
-        self.recompiled = _compile_for_handed_strides(split, inputs, built, compiler, produced)
+        folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
+        compiler, combo_compiler = RegionCompiler(folder, jobs), RegionCompiler(folder, jobs, combo=True)
+        children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
+                    if name in seen]
+        saved_combo = set() if isinstance(combo, bool) else {f"submod_{int(r)}" for r in combo}
+        long = [c for c in children if len(cut_ops[int(c[0].rsplit("_", 1)[1])]) >= COMBO_FROM] if combo is True else []
+        try:
+            built = self._compile(children, long, saved_combo, compiler, combo_compiler, split, inputs, produced)
+        finally:
+            combo_compiler._stop_workers()
         self._calls = {name: call for name, (call, _) in built.items() if isinstance(call, RegionCall)}
         for name, (compiled[name], why) in built.items():
             if why is not None:
                 self.fallbacks[name] = why
                 log.warning("region %s runs its ATen operators: Inductor cannot compile it (%s)", name, why)
         self.compile_s = time.perf_counter() - start
-        self.built, self.compile_seconds = dict(compiler.counts), dict(compiler.seconds)
+        self.built = compiler.counts | {f"combo_{k}": v for k, v in combo_compiler.counts.items()}
+        self.compile_seconds = compiler.seconds | {f"combo_{k}": v for k, v in combo_compiler.seconds.items()}
+        self.combo_regions = sorted(int(name.rsplit("_", 1)[1]) for name in self._saved_combo)
         log.info("regions: %s in %.1f s", ", ".join(f"{v} {k}" for k, v in sorted(self.built.items())), self.compile_s)
         super().__init__(split, inputs, trace="graph")
         flops = self._region_flops(gm, inputs, cut_ops)
@@ -887,8 +959,59 @@ class FusedBackend(TorchBackend):
         compiled for (:class:`RegionCall`), for the regions that copied any."""
         return {name: call.copies for name, call in self._calls.items() if call.copies}
 
+    def _compile(self, children: list[tuple[str, Any, list[Any], Any]], long: list[tuple[str, Any, list[Any], Any]],
+                 saved_combo: set[str], compiler: RegionCompiler, combo_compiler: RegionCompiler, split: Any,
+                 inputs: Sequence[Any], produced: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
+        """Every region's code (name -> (callable, why)): the default code, or the combo-kernel code of the regions
+        in ``saved_combo`` (a saved choice); with ``long``, the combo-kernel code of those regions too, compiled by
+        workers while this process compiles the default code (:meth:`RegionCompiler.start`), kept as
+        :attr:`combo_offered` for the caller to time."""
+        combo_compiler.start(long)
+        built = compiler.compile_all([c for c in children if c[0] not in saved_combo])
+        if saved_combo:  # a saved choice: those regions' combo-kernel code only (a region that has none: default)
+            built |= combo_compiler.compile_all([c for c in children if c[0] in saved_combo])
+            again = [c for c in children if c[0] in saved_combo and built[c[0]][1] is not None]
+            built |= compiler.compile_all(again)
+            saved_combo -= {c[0] for c in again}
+        self._saved_combo = saved_combo
+        self.recompiled = _compile_for_handed_strides(
+            split, inputs, built, lambda name: combo_compiler if name in saved_combo else compiler, produced)
+        # (default code, combo-kernel code) of each long region, for the caller to time (combo=True)
+        self._variants: dict[str, tuple[Any, Any]] = {}
+        self.combo_times: dict[str, tuple[float, float]] = {}  # the caller's timing of both codes
+        long = [c for c in long if isinstance(built[c[0]][0], RegionCall)]
+        for name, (call, why) in combo_compiler.compile_all(long).items():
+            if why is None and isinstance(call, RegionCall):
+                self._variants[name] = (built[name][0], call)
+            else:
+                log.info("region %s: no combo-kernel code (%s)", name, why)
+        return built
+
+    @property
+    def combo_offered(self) -> list[str]:
+        return list(self._variants)
+
+    def region_op(self, name: str) -> int:
+        """The index (into :attr:`graph`) of the operator that calls region ``name`` (a submodule's name)."""
+        return next(i for i, node in enumerate(self.traced.ops) if node.op == "call_module" and node.target == name)
+
+    def use_combo(self, names: Sequence[str]) -> None:
+        """Run the combo-kernel code of the offered regions ``names`` (:attr:`combo_offered`) and the default code of
+        the other offered ones; a later capture or launch takes it."""
+        unknown = set(names) - set(self._variants)
+        if unknown:
+            raise OpBenchError(f"regions without combo-kernel code: {', '.join(sorted(unknown))}")
+        for name, (default, combo) in self._variants.items():
+            call = combo if name in names else default
+            self.traced.modules[self.traced.ops[self.region_op(name)]] = call
+            self._calls[name] = call
+        kept = {int(name.rsplit("_", 1)[1]) for name in names}
+        offered = {int(name.rsplit("_", 1)[1]) for name in self._variants}
+        self.combo_regions = sorted((set(self.combo_regions) - offered) | kept)
+
     def schedule_meta(self) -> dict[str, Any]:
-        return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups}
+        return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups,
+                "combo": self.combo_regions}
 
     def _region_flops(self, gm: Any, inputs: Sequence[Any], cut_ops: list[list[int]]) -> dict[str, float]:
         """FLOPs of each region's call in the split graph, summed over its traced operators."""
