@@ -349,6 +349,9 @@ class CapturedSchedule:
         if kept and model and kept.get("latency_ms") and model.get("latency_ms"):
             text += (f"; {kept['latency_ms']:.4f} ms against {model['latency_ms']:.4f} ms for {model['schedule']} "
                      f"({model['latency_ms'] / kept['latency_ms']:.2f}x)")
+        combo = getattr(self.backend, "combo_regions", None)
+        if combo:
+            text += f"; {len(combo)} region{'s' * (len(combo) != 1)} with combo kernels"
         return text
 
     def dump(self, path: str | Path) -> Path:

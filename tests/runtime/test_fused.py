@@ -412,6 +412,11 @@ def test_combo_kernels_inside_long_regions_are_timed_through_one_path_and_kept_w
     assert backend.combo_regions == (long if combo_faster else [])
     meta = backend.schedule_meta()
     assert meta["combo"] == backend.combo_regions
+    from opbench.parallel import CapturedSchedule
+    from opbench.schedule import get_scheduler
+
+    text = str(CapturedSchedule(backend, get_scheduler("sequential").schedule(backend.graph), [], None))
+    assert ("; 1 region with combo kernels" in text) == combo_faster
     torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
     # a second build from the saved cut builds each region in the code kept, loaded, and times nothing
     monkeypatch.setattr(compile_module, "time_ops", lambda *a: pytest.fail("timed again"))
