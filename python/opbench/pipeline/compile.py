@@ -182,7 +182,8 @@ class BackendSpec(Spec):
         ``torch.compile`` baselines beside a torch model's own CUDA Graph (``None``: with fused kernels).
     combo:
         For fused kernels: compile each long region also with Inductor's combo kernels and keep, region by region,
-        the code that runs faster (:func:`choose_combo`).
+        the code that runs faster (:func:`choose_combo`); :func:`model_backend` and the capturer do so whenever
+        their ``torch.compile`` rows include combo kernels.
     combo_regions:
         A saved fused schedule's regions that ran their combo-kernel code (its ``meta["combo"]``), built so again
         instead of choosing.
@@ -216,6 +217,9 @@ class BackendSpec(Spec):
                                       ("trace", self.trace, TRACES)):
             if value not in accepted:
                 raise SpecError(name, f"unknown {name} {value!r} (accepted: {', '.join(accepted)})")
+        if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
+            raise SpecError("combo_regions", f"combo_regions {list(self.combo_regions)!r}: region indices are whole "
+                                             "numbers from 0 (a saved schedule's meta['combo'])")
         check_positive(self, ("repeat", "number"))
 
 
@@ -417,13 +421,16 @@ def model_backend(workload: Any, target: Any, spec: BackendSpec | None = None, d
     module = workload.torch_module.to(device).eval()
     inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]
-    baselines += compiled_baselines(module, inputs, compile_variants(spec.compiled, kernels))
+    variants = compile_variants(spec.compiled, kernels)
+    baselines += compiled_baselines(module, inputs, variants)
     if kernels == "fused":
         log.info("cutting %s into regions and compiling each with Inductor", workload.name)
-    backend = torch_backend(module, inputs, spec, regions=spec.regions if kernels == "fused" else None)
+    # beside a combo row, long regions are offered combo kernels too, as the capturer offers them
+    backend = torch_backend(module, inputs, spec, regions=spec.regions if kernels == "fused" else None,
+                            combo=spec.combo or (kernels == "fused" and "combo" in variants))
     return backend, baselines
 
 
 __all__ = ["KERNELS", "MERGE_MODES", "TORCH_TRACE", "BackendSpec", "CompiledWorkload", "check_kernels",
-           "compile_workload", "ios_merges", "merge_mode", "model_backend", "torch_backend", "tvm_backend",
-           "tvm_ios_merges"]
+           "choose_combo", "compile_workload", "ios_merges", "merge_mode", "model_backend", "saved_cut",
+           "torch_backend", "tvm_backend", "tvm_ios_merges"]
