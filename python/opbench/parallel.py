@@ -77,6 +77,9 @@ def _in_dtype(model: Any, inputs: list[Any], dtype: str | None) -> tuple[Any, li
 #: convolutions each its own way (``scripts/exp_inductor_error.py``: with TF32 off both are within 3e-5
 #: of a float64 result)
 RTOL = {"float32": 5e-2, "float64": 5e-2, "float16": 1e-1, "bfloat16": 2e-1}
+#: the version of what a search measures, a part of every ``capturer(cache=...)`` key: raised when the candidates
+#: change, so that a choice kept before is searched again rather than rebuilt (2: combo kernels inside regions)
+SEARCH_VERSION = 2
 
 
 def default_rtol(inputs: Sequence[Any]) -> float:
@@ -280,7 +283,8 @@ def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
 def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
     """Where ``capturer(cache=...)`` keeps a model's cut, schedule and choice: ``$OPBENCH_CACHE/capturer/KEY.json``,
     the key a digest of the model's class and parameters' shapes and dtypes, the inputs' shapes, dtypes
-    and device, the options that shape the search, the device's name and the library versions."""
+    and device, the options that shape the search, the device's name, the library versions and
+    :data:`SEARCH_VERSION`."""
     import torch
 
     from ._version import __version__
@@ -291,7 +295,8 @@ def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> P
     key = digest({"model": f"{type(model).__module__}.{type(model).__qualname__}",
                   "params": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
                   "inputs": [[list(x.shape), str(x.dtype), str(x.device.type)] for x in inputs if hasattr(x, "shape")],
-                  "options": options, "device": name, "torch": torch.__version__, "opbench": __version__})
+                  "options": options, "device": name, "torch": torch.__version__, "opbench": __version__,
+                  "search": SEARCH_VERSION})
     return cache_root() / "capturer" / f"{key}.json"
 
 

@@ -253,6 +253,11 @@ def test_a_second_build_with_the_cache_rebuilds_only_the_kept_schedule(model_and
     assert sorted(calls) == sorted(["model, eager", "sequential", "nimble"] * 3)  # measured again, 3 rounds
     other = capturer([torch.randn(1, 3, 12, 12)], model, cache=True, timer=fake_timer(times, 1.0))
     assert "cache" not in other.phases and len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 2
+    import opbench.parallel
+
+    monkeypatch.setattr(opbench.parallel, "SEARCH_VERSION", opbench.parallel.SEARCH_VERSION + 1)
+    newer = capturer([x], model, cache=True, timer=fake_timer(times, 1.0))  # other candidates: searched again
+    assert "cache" not in newer.phases and len(list((tmp_path / "cache" / "capturer").glob("*.json"))) == 3
     plain = capturer([x], model, timer=fake_timer(times, 1.0))  # the default: no cache
     assert "cache" not in plain.phases and len(plain.table) == 1 + len(FAST_SCHEDULERS)
     with pytest.raises(OpBenchError, match="unknown capturer cache 'yes'.*accepted: False, True, 'schedule'"):
