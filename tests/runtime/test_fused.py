@@ -410,6 +410,10 @@ def test_combo_kernels_inside_long_regions_are_timed_through_one_path_and_kept_w
     assert calls == [((op,), 2, 3, False), ((op,), 2, 3, True)] * 2  # alternating rounds
     assert times == {f"submod_{long[0]}": (2.0, 1.0) if combo_faster else (1.0, 2.0)}
     assert backend.combo_regions == (long if combo_faster else [])
+    # at a tie (faster by less than COMBO_MARGIN) the default code stays
+    assert choose_combo(backend, repeat=2, number=3, rounds=1, margin=0.6) == times and backend.combo_regions == []
+    choose_combo(backend, repeat=2, number=3, rounds=1)
+    assert backend.combo_regions == (long if combo_faster else [])
     meta = backend.schedule_meta()
     assert meta["combo"] == backend.combo_regions
     from opbench.parallel import CapturedSchedule
