@@ -29,7 +29,7 @@ from .pipeline.compare import (
     table_rows,
     trace_rows,
 )
-from .pipeline.compile import check_kernels, merge_mode, saved_cut, torch_backend
+from .pipeline.compile import check_kernels, combo_in_regions, merge_mode, saved_cut, torch_backend
 from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
@@ -149,11 +149,9 @@ def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedu
     """The kernels of ``o.kernels`` (traced as ``compare --backend torch`` traces); fused regions take the cut of
     ``saved``, an earlier build's schedule, when there is one, and otherwise offer combo kernels inside long regions
     when the ``torch.compile`` rows include combo kernels (:func:`~opbench.pipeline.compile.choose_combo`)."""
-    fused = o.kernels == "fused"
-    combo = fused and "combo" in compile_variants(o.compiled, o.kernels)
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                         kernels=o.kernels, cut=o.cut, combo=combo,
-                         **(saved_cut(saved.meta) if saved is not None and fused else {}))
+                         kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels),
+                         **(saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}))
 
 
 def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:

@@ -268,6 +268,15 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
     return backend
 
 
+def combo_in_regions(compiled: bool | Sequence[str] | None, kernels: str) -> bool:
+    """Whether fused regions are offered combo kernels (:func:`choose_combo`) beside the ``torch.compile`` rows that
+    ``compiled`` asks for (:func:`~opbench.runtime.graphs.compile_variants`): with fused kernels, whenever those rows
+    include combo kernels."""
+    from ..runtime.graphs import compile_variants
+
+    return kernels == "fused" and "combo" in compile_variants(compiled, kernels)
+
+
 def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`BackendSpec` fields that build a saved fused schedule's regions again, from its ``meta``: the cut
     (``regions``), the merged groups it names (``merged``) and the regions that ran combo-kernel code
@@ -429,16 +438,14 @@ def model_backend(workload: Any, target: Any, spec: BackendSpec | None = None, d
     module = workload.torch_module.to(device).eval()
     inputs = workload.torch_inputs(seed, device)
     baselines: list[Any] = [CapturedModel(module, inputs)]
-    variants = compile_variants(spec.compiled, kernels)
-    baselines += compiled_baselines(module, inputs, variants)
+    baselines += compiled_baselines(module, inputs, compile_variants(spec.compiled, kernels))
     if kernels == "fused":
         log.info("cutting %s into regions and compiling each with Inductor", workload.name)
-    # beside a combo row, long regions are offered combo kernels too, as the capturer offers them
     backend = torch_backend(module, inputs, spec, regions=spec.regions if kernels == "fused" else None,
-                            combo=spec.combo or (kernels == "fused" and "combo" in variants))
+                            combo=spec.combo or combo_in_regions(spec.compiled, kernels))
     return backend, baselines
 
 
 __all__ = ["KERNELS", "MERGE_MODES", "TORCH_TRACE", "BackendSpec", "CompiledWorkload", "check_kernels",
-           "choose_combo", "compile_workload", "ios_merges", "merge_mode", "model_backend", "saved_cut",
-           "torch_backend", "tvm_backend", "tvm_ios_merges"]
+           "choose_combo", "combo_in_regions", "compile_workload", "ios_merges", "merge_mode", "model_backend",
+           "saved_cut", "torch_backend", "tvm_backend", "tvm_ios_merges"]

@@ -742,6 +742,11 @@ def _worker() -> None:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
 
 
+def _region_index(name: str) -> int:
+    """The index into the cut of the region that ``split_module`` named ``name`` (``submod_3`` -> 3)."""
+    return int(name.rsplit("_", 1)[1])
+
+
 def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool) -> Any:
     """``graph`` (ATen) compiled by Inductor for ``values``, with combo kernels when ``combo``."""
     import torch
@@ -923,7 +928,7 @@ class FusedBackend(TorchBackend):
         children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
                     if name in seen]
         saved_combo = set() if isinstance(combo, bool) else {f"submod_{int(r)}" for r in combo}
-        long = [c for c in children if len(cut_ops[int(c[0].rsplit("_", 1)[1])]) >= COMBO_FROM] if combo is True else []
+        long = [c for c in children if len(cut_ops[_region_index(c[0])]) >= COMBO_FROM] if combo is True else []
         try:
             built = self._compile(children, long, saved_combo, compiler, combo_compiler, split, inputs, produced)
         finally:
@@ -936,7 +941,6 @@ class FusedBackend(TorchBackend):
         self.compile_s = time.perf_counter() - start
         self.built = compiler.counts | {f"combo_{k}": v for k, v in combo_compiler.counts.items()}
         self.compile_seconds = compiler.seconds | {f"combo_{k}": v for k, v in combo_compiler.seconds.items()}
-        self.combo_regions = sorted(int(name.rsplit("_", 1)[1]) for name in self._saved_combo)
         log.info("regions: %s in %.1f s", ", ".join(f"{v} {k}" for k, v in sorted(self.built.items())), self.compile_s)
         super().__init__(split, inputs, trace="graph")
         flops = self._region_flops(gm, inputs, cut_ops)
@@ -973,7 +977,7 @@ class FusedBackend(TorchBackend):
             again = [c for c in children if c[0] in saved_combo and built[c[0]][1] is not None]
             built |= compiler.compile_all(again)
             saved_combo -= {c[0] for c in again}
-        self._saved_combo = saved_combo
+        self.combo_regions = sorted(_region_index(name) for name in saved_combo)
         self.recompiled = _compile_for_handed_strides(
             split, inputs, built, lambda name: combo_compiler if name in saved_combo else compiler, produced)
         # (default code, combo-kernel code) of each long region, for the caller to time (combo=True)
@@ -1005,8 +1009,8 @@ class FusedBackend(TorchBackend):
             call = combo if name in names else default
             self.traced.modules[self.traced.ops[self.region_op(name)]] = call
             self._calls[name] = call
-        kept = {int(name.rsplit("_", 1)[1]) for name in names}
-        offered = {int(name.rsplit("_", 1)[1]) for name in self._variants}
+        kept = {_region_index(name) for name in names}
+        offered = {_region_index(name) for name in self._variants}
         self.combo_regions = sorted((set(self.combo_regions) - offered) | kept)
 
     def schedule_meta(self) -> dict[str, Any]:
@@ -1019,7 +1023,7 @@ class FusedBackend(TorchBackend):
 
         traced = TorchGraph(gm, inputs, trace="graph").graph
         calls = [n for n in self.traced.ops if n.op == "call_module" and str(n.target).startswith("submod_")]
-        by_region = {int(str(n.target).rsplit("_", 1)[1]): n.name for n in calls}
+        by_region = {_region_index(str(n.target)): n.name for n in calls}
         return {by_region[r]: sum(traced[i].flops for i in ops) for r, ops in enumerate(cut_ops) if r in by_region}
 
 
