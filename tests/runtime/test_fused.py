@@ -214,6 +214,79 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
+class Separable(torch.nn.Module):
+    """A depthwise convolution (groups = channels), a 1x1 one, and the depthwise one again on a strided input."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.depthwise = torch.nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.pointwise = torch.nn.Conv2d(c, 2 * c, 1, stride=2)
+        self.other = torch.nn.Conv2d(2 * c, 2 * c, 3, padding=1, groups=2 * c)
+
+    def forward(self, x):
+        y = self.pointwise(torch.relu(self.depthwise(x)))
+        return self.other(y) + self.other(torch.sigmoid(y))
+
+
+def test_conv_warmup_calls_each_convolution_once_channels_last_on_threads(monkeypatch, tmp_path):
+    from opbench.runtime import fused
+
+    model, x = Separable().eval(), torch.randn(1, 8, 10, 10)
+    warmup = fused.ConvWarmup(devices=("cpu",), threads=2)
+    with torch.no_grad(), warmup.recording(model):
+        model(x)
+    assert not any(m._forward_pre_hooks for m in model.modules())  # a quick key sees no hook afterwards
+    f32, cpu = torch.float32, torch.device("cpu")
+    assert list(warmup.configs) == [  # in order, each once (``other`` ran twice on one shape)
+        ((1, 8, 10, 10), (8, 1, 3, 3), f32, (1, 1), (1, 1), (1, 1), 8, cpu),
+        ((1, 8, 10, 10), (16, 8, 1, 1), f32, (2, 2), (0, 0), (1, 1), 1, cpu),
+        ((1, 16, 5, 5), (16, 1, 3, 3), f32, (1, 1), (1, 1), (1, 1), 16, cpu)]
+    # nothing recorded with no threads, and nothing recorded off the devices asked for
+    for off in (fused.ConvWarmup(devices=("cpu",), threads=0), fused.ConvWarmup(devices=("cuda",))):
+        with torch.no_grad(), off.recording(model):
+            model(x)
+        off.start()
+        off.join()
+        assert not off.configs and off.seconds == 0
+    calls, threads = [], set()
+    conv2d = torch.nn.functional.conv2d
+
+    def seen(x, w, *args):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        calls.append((tuple(x.shape), tuple(w.shape), x.is_contiguous(memory_format=torch.channels_last),
+                      w.is_contiguous(memory_format=torch.channels_last), *args))
+        if w.shape[0] == 16 and w.shape[1] == 8:
+            raise RuntimeError("no plan for this one")  # logged, and the others still run
+        return conv2d(x, w, *args)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", seen)
+    warmup.start()
+    warmup.join()
+    assert sorted(calls) == sorted((c[0], c[1], True, True, None, *c[3:7]) for c in warmup.configs)
+    assert threads and all(name.startswith("opbench-conv-warmup") for name in threads) and warmup.seconds > 0
+    # inside a fused build: warmed while the regions compile, joined before the build returns, and a later build
+    # still finds its regions through their quick keys (no hook left on the modules)
+    monkeypatch.setattr(torch.nn.functional, "conv2d", conv2d)
+    made = []
+
+    class OnTheCpu(fused.ConvWarmup):
+        def __init__(self) -> None:
+            super().__init__(devices=("cpu",), threads=2)
+            made.append(self)
+
+    monkeypatch.setattr(fused, "ConvWarmup", OnTheCpu)
+    with torch.no_grad():
+        expected = model(x)
+    for _ in range(2):
+        backend = fused.FusedBackend(model, [x], store=tmp_path)
+        torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+        assert len(made[-1].configs) == 3 and made[-1]._pool is None
+        assert backend.compile_seconds["conv_warmup"] == made[-1].seconds > 0
+    assert "loaded" in backend.built and "compiled" not in backend.built
+
+
 def test_a_build_that_loads_stored_regions_says_once_when_torch_has_no_bytecode(block, tmp_path, monkeypatch, caplog):
     import importlib.util
     import logging
