@@ -4,9 +4,7 @@ built in new processes, one after another, on the CPU or the GPU.
 1. A first build fills an empty store of compiled regions (``$OPBENCH_CACHE`` of its own under ``--out``).
 2. Then ``--rounds`` pairs of warm builds, alternating: one finds each region's stored code through its quick
    key (the store's index), the other with the index removed, so that every region is traced to ATen again.
-3. With ``--compare warmup`` instead, the pairs alternate a quick-key build with and one without the threads that
-   prepare cuDNN's channels-last convolutions while the regions load (``opbench.runtime.fused.ConvWarmup``).
-4. With ``--bytecode-cache``, each round also has a quick-key build whose Python writes and reads the bytecode
+3. With ``--bytecode-cache``, each round also has a quick-key build whose Python writes and reads the bytecode
    of the modules it imports in a folder of its own (``PYTHONPYCACHEPREFIX``, filled by a build before the rounds):
    where torch is installed without its modules' bytecode (``bytecode_cached`` false in the rows) and Python
    may not write it (``PYTHONDONTWRITEBYTECODE``), every new process compiles the sources of the Inductor
@@ -32,16 +30,12 @@ import time
 from pathlib import Path
 
 
-def build(name: str, batch: int, device: str, dtype: str, warm_threads: int | None = None) -> dict:
+def build(name: str, batch: int, device: str, dtype: str) -> dict:
     """One ``FusedBackend`` of the model in this process: its seconds and how its regions were built."""
     import torch
 
     from opbench.models import get_source
-    from opbench.runtime import fused
     from opbench.runtime.fused import FusedBackend, torch_bytecode_found
-
-    if warm_threads is not None:
-        fused.WARM_THREADS = warm_threads
 
     torch.manual_seed(0)
     model, x = get_source("local").torch_model(name, batch, dtype=dtype)
@@ -64,14 +58,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="pairs of warm builds")
     parser.add_argument("--bytecode-cache", action="store_true",
                         help="also a quick-key build per round with a bytecode folder of its own (PYTHONPYCACHEPREFIX)")
-    parser.add_argument("--compare", choices=("traced", "warmup"), default="traced",
-                        help="what each quick-key build alternates with: a build that traces every region to ATen "
-                             "again, or one without the convolution warm-up threads")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--warm-threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(build(args.model, args.batch, args.device, args.dtype, args.warm_threads)))
+        print(json.dumps(build(args.model, args.batch, args.device, args.dtype)))
         return 0
     out = Path(args.out)
     store = out / "cache"
@@ -83,9 +73,9 @@ def main() -> int:
     pycache = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     pycache["PYTHONPYCACHEPREFIX"] = str((out / "pycache").resolve())
 
-    def one(label: str, environ: dict | None = None, extra: tuple[str, ...] = ()) -> dict:
+    def one(label: str, environ: dict | None = None) -> dict:
         clock = time.perf_counter()
-        done = subprocess.run([*cmd, *extra], env=environ or env, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, env=environ or env, capture_output=True, text=True, check=False)
         if done.returncode:
             sys.stderr.write(done.stderr[-3000:])
             raise SystemExit(f"the {label} build failed ({done.returncode})")
@@ -97,8 +87,7 @@ def main() -> int:
         return row
 
     rows: list[dict] = []
-    other = "traced" if args.compare == "traced" else "no conv warm-up"
-    labels = ["quick keys", other]
+    labels = ["quick keys", "traced"]
     if args.bytecode_cache:
         labels.insert(1, "quick keys, bytecode cached")
 
@@ -108,8 +97,7 @@ def main() -> int:
         medians = {f"median_{key}": {label: statistics.median(r[key] for r in rows if r["build"] == label)
                                      for label in labels if any(r["build"] == label for r in rows)}
                    for key in ("regions_s", "build_s", "process_s")}
-        doc = {"command": "PYTHONPATH=python python3 scripts/bench_region_build.py " + " ".join(sys.argv[1:]),
-               "model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
+        doc = {"model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
                "cores": os.cpu_count(), "builds": rows, **medians}
         from opbench.utils import written_whole
 
@@ -123,11 +111,8 @@ def main() -> int:
         keep(one("quick keys"))
         if args.bytecode_cache:
             keep(one("quick keys, bytecode cached", pycache))
-        if args.compare == "warmup":
-            keep(one(other, extra=("--warm-threads", "0")))
-            continue
         shutil.rmtree(store / "regions" / "index", ignore_errors=True)
-        keep(one(other))
+        keep(one("traced"))
     doc = json.loads((out / "bench_region_build.json").read_text())
     for key in ("regions_s", "build_s", "process_s"):
         print(f"median {key}: { {k: round(v, 2) for k, v in doc[f'median_{key}'].items()} }")

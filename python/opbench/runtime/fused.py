@@ -61,9 +61,6 @@ CLOSE = 5e-2
 #: a long one holds such kernels (densenet121's one region of 431 operators: the copies into its concatenations);
 #: a short one would cost a compile and find nothing
 COMBO_FROM = 32
-#: threads that prepare cuDNN's channels-last convolutions while a build loads or compiles its regions
-#: (:class:`ConvWarmup`); 0: none
-WARM_THREADS = 4
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
@@ -680,97 +677,6 @@ class RegionCompiler:
                 part.write_text(json.dumps(entry))
 
 
-class ConvWarmup:
-    """cuDNN's first call of each channels-last convolution of a model, made on threads while a build loads its regions.
-
-    A new process's first call of a convolution in a layout asks cuDNN for a plan, and cuDNN's plans for
-    channels-last grouped and depthwise convolutions take about a tenth of a second each to make (nasnet's 98
-    convolutions 2.6 s on an H200, its contiguous ones 0.3 s), which the first run of each loaded region paid,
-    in Inductor's layout for convolutions: channels-last. Making a plan releases the GIL, so :meth:`start` makes
-    them on :data:`WARM_THREADS` threads, one call of each convolution seen by :meth:`recording` (an eager run:
-    input shape, weight shape, dtype, stride, padding, dilation, groups) on zeros in channels-last, while the
-    building process loads or compiles the regions; :meth:`join` waits for them before anything is timed or
-    captured. Plans for a layout Inductor did not choose cost only those threads' time.
-
-    Attributes
-    ----------
-    configs:
-        The convolutions seen, each once: (input shape, weight shape, dtype, stride, padding, dilation, groups,
-        device).
-    seconds:
-        How long the threads took, wall (0 until :meth:`join`).
-    """
-
-    def __init__(self, devices: Sequence[str] = ("cuda",), threads: int | None = None) -> None:
-        self.devices, self.threads = tuple(devices), WARM_THREADS if threads is None else threads
-        self.configs: dict[tuple[Any, ...], None] = {}
-        self.seconds = 0.0
-        self._pool: Any = None
-        self._done: list[Any] = []
-        self._since = 0.0
-
-    @contextlib.contextmanager
-    def recording(self, model: Any) -> Any:
-        """Record the convolutions ``model``'s ``Conv2d`` modules run inside the ``with`` (their hooks are removed
-        at its end: a quick key sees none)."""
-        import torch
-
-        def seen(module: Any, args: tuple[Any, ...]) -> None:
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor) and x.dim() == 4 and x.device.type in self.devices \
-                    and module.padding_mode == "zeros":
-                self.configs.setdefault((tuple(x.shape), tuple(module.weight.shape), module.weight.dtype,
-                                         module.stride, module.padding, module.dilation, module.groups,
-                                         x.device), None)
-
-        modules = model.modules() if isinstance(model, torch.nn.Module) and self.threads > 0 else ()
-        hooks = [m.register_forward_pre_hook(seen) for m in modules if isinstance(m, torch.nn.Conv2d)]
-        try:
-            yield self
-        finally:
-            for hook in hooks:
-                hook.remove()
-
-    def start(self) -> None:
-        """Call each recorded convolution once, channels-last, on the threads (the last recorded first: the
-        building process meets the first regions first)."""
-        if not self.configs or self.threads <= 0:
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._since = time.perf_counter()
-        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="opbench-conv-warmup")
-        self._done = [self._pool.submit(_warm_conv, config) for config in reversed(list(self.configs))]
-
-    def join(self) -> None:
-        """Wait for the threads and their GPU work (a convolution that failed is only logged)."""
-        if self._pool is None:
-            return
-        for done in self._done:
-            with contextlib.suppress(Exception):
-                done.result()
-        self._pool.shutdown()
-        self._pool = None
-        self.seconds = time.perf_counter() - self._since
-
-
-def _warm_conv(config: tuple[Any, ...]) -> None:
-    """One call of a convolution of ``config`` (:attr:`ConvWarmup.configs`) on zeros in channels-last, waited for."""
-    import torch
-
-    shape, weight, dtype, stride, padding, dilation, groups, device = config
-    try:
-        with torch.no_grad():
-            x = torch.zeros(shape, dtype=dtype, device=device).to(memory_format=torch.channels_last)
-            w = torch.zeros(weight, dtype=dtype, device=device).to(memory_format=torch.channels_last)
-            torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups)
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-    except Exception as err:  # a plan it cannot make here: the region's own first run makes it, or says why
-        log.debug("convolution warm-up %s: %s", config[:2], first_line(err))
-        raise
-
-
 def _close(got: Any, want: Any) -> bool:
     """Whether ``got`` has ``want``'s structure and each tensor is within :data:`CLOSE` of it (relative norm)."""
     import torch
@@ -1012,12 +918,9 @@ class FusedBackend(TorchBackend):
                 produced[target] = super().call_module(target, args, kwargs)
                 return produced[target]
 
-        # the convolutions seen here get cuDNN's channels-last plans on threads while the regions load or compile
-        warmup = ConvWarmup()
-        with torch.no_grad(), warmup.recording(model):
+        with torch.no_grad():
             Recorder(split).run(*inputs)
         start = time.perf_counter()
-        warmup.start()
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
         folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
@@ -1030,7 +933,6 @@ class FusedBackend(TorchBackend):
             built = self._compile(children, long, saved_combo, compiler, combo_compiler, split, inputs, produced)
         finally:
             combo_compiler._stop_workers()
-            warmup.join()
         self._calls = {name: call for name, (call, _) in built.items() if isinstance(call, RegionCall)}
         for name, (compiled[name], why) in built.items():
             if why is not None:
@@ -1038,8 +940,7 @@ class FusedBackend(TorchBackend):
                 log.warning("region %s runs its ATen operators: Inductor cannot compile it (%s)", name, why)
         self.compile_s = time.perf_counter() - start
         self.built = compiler.counts | {f"combo_{k}": v for k, v in combo_compiler.counts.items()}
-        self.compile_seconds = compiler.seconds | {f"combo_{k}": v for k, v in combo_compiler.seconds.items()} \
-            | ({"conv_warmup": warmup.seconds} if warmup.configs else {})
+        self.compile_seconds = compiler.seconds | {f"combo_{k}": v for k, v in combo_compiler.seconds.items()}
         log.info("regions: %s in %.1f s", ", ".join(f"{v} {k}" for k, v in sorted(self.built.items())), self.compile_s)
         super().__init__(split, inputs, trace="graph")
         flops = self._region_flops(gm, inputs, cut_ops)
