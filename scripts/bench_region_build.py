@@ -97,7 +97,8 @@ def main() -> int:
         medians = {f"median_{key}": {label: statistics.median(r[key] for r in rows if r["build"] == label)
                                      for label in labels if any(r["build"] == label for r in rows)}
                    for key in ("regions_s", "build_s", "process_s")}
-        doc = {"model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
+        doc = {"command": "PYTHONPATH=python python3 scripts/bench_region_build.py " + " ".join(sys.argv[1:]),
+               "model": args.model, "batch": args.batch, "device": args.device, "dtype": args.dtype,
                "cores": os.cpu_count(), "builds": rows, **medians}
         from opbench.utils import written_whole
 
