@@ -1,0 +1,175 @@
+"""Fused regions with convolutions in Inductor's channels-last layout or in PyTorch's: speed, and a later first run.
+
+Inductor compiles a region's convolutions channels-last where its heuristic expects that to be faster
+(``torch._inductor.config.layout_optimization``, on by default). In that layout PyTorch sends grouped (depthwise)
+convolutions to cuDNN, whose plans for them take seconds to make in every new process
+(``scripts/exp_first_run.py``): the first run of a later build's loaded regions (2.5-2.8 s on nasnet and
+mobilenet_v3_large, H200). In PyTorch's own layout, its own depthwise kernels run them and need no plan. This
+script builds ``FusedBackend(model)`` twice in one process, with layout optimization on and off (each variant with
+a store of compiled regions of its own, compiled here without workers), checks both against eager, times the
+sequential and the greedy schedule of each in alternating rounds (CUDA Graph replays), then builds each variant
+again from its store in new processes, alternating, and records where those later builds' seconds went
+(``FusedBackend.compile_seconds``: ``load``, ``run``). Writes ``OUT/exp_layout.json`` after every model.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _cli import ROOT, bad_input
+from bench_fused import relative_err
+
+sys.path.insert(0, str(ROOT / "python"))
+
+LAYOUTS = {"channels_last": True, "pytorch": False}
+
+
+def _model(name: str, batch: int, dtype: str, device: str) -> tuple[Any, Any]:
+    import torch
+
+    from opbench.models import get_source
+
+    torch.manual_seed(0)
+    model, x = get_source("local").torch_model(name, batch, dtype=dtype)
+    return model.to(device).eval(), x.to(device)
+
+
+def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
+    """``FusedBackend(model)`` with Inductor's layout optimization as ``layout`` says, its regions kept in
+    ``store``; and its seconds."""
+    import torch
+
+    from opbench.runtime.fused import FusedBackend
+
+    clock = time.perf_counter()
+    with torch._inductor.config.patch(layout_optimization=LAYOUTS[layout]):
+        backend = FusedBackend(model, [x], store=store, jobs=1)
+    return backend, time.perf_counter() - clock
+
+
+def later_build(name: str, batch: int, dtype: str, device: str, layout: str, store: Path) -> dict:
+    """A build from ``store`` in this (new) process: its seconds and where the regions' went."""
+    model, x = _model(name, batch, dtype, device)
+    backend, seconds = build(model, x, layout, store)
+    return {"build_s": seconds, "regions_s": backend.compile_s, "built": backend.built,
+            "seconds": backend.compile_seconds}
+
+
+def measure(name: str, args: Any, out: Path) -> dict:
+    """Both variants of ``name``: built, checked, timed side by side, then built again in new processes."""
+    import torch
+
+    from opbench.profile.timer import cuda_event_samples
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import Greedy, Sequential
+
+    model, x = _model(name, args.batch, args.dtype, args.device)
+    with torch.no_grad():
+        ref = model(x)
+    row: dict[str, Any] = {"model": name, "batch": args.batch, "dtype": args.dtype, "variants": {}}
+    runs: dict[tuple[str, str], Any] = {}
+    for layout in LAYOUTS:
+        store = out / "stores" / f"{name}_{args.batch}_{args.dtype}_{layout}"
+        backend, seconds = build(model, x, layout, store)
+        variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built}
+        for scheduler in (Sequential(), Greedy(4)):
+            executor = ParallelExecutor(backend, scheduler.schedule(backend.graph))
+            got = executor.run()
+            variant[f"{scheduler.name}_err"] = relative_err(got[0] if isinstance(got, list | tuple) else got, ref)
+            runs[(layout, scheduler.name)] = executor
+        row["variants"][layout] = variant
+        print(f"{name} {layout}: built in {seconds:.1f} s {backend.built}", flush=True)
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(args.rounds):  # alternating: each replayed right after the others, round after round
+        for key, executor in runs.items():
+            if args.device == "cuda":
+                samples[key].append(statistics.median(
+                    cuda_event_samples(executor.cuda_graph.replay, args.repeat, args.number)) * 1e3)
+            else:
+                clock = time.perf_counter()
+                executor.run()
+                samples[key].append((time.perf_counter() - clock) * 1e3)
+    for (layout, schedule), values in samples.items():
+        row["variants"][layout][f"{schedule}_ms"] = statistics.median(values)
+    for layout in LAYOUTS:
+        print(f"{name} {layout}: " + ", ".join(f"{k} {v:.4f}" for k, v in row["variants"][layout].items()
+                                             if k.endswith("_ms")), flush=True)
+    later: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+    for _ in range(args.later):
+        for layout in LAYOUTS:
+            cmd = [sys.executable, __file__, "--out", str(out), "--models", name, "--batch", str(args.batch),
+                   "--dtype", args.dtype, "--device", args.device, "--later", layout]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            try:
+                later[layout].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            except (IndexError, ValueError):
+                later[layout].append({"error": (done.stderr or done.stdout).strip().splitlines()[-1:]})
+            print(f"{name} {layout} later build: {json.dumps(later[layout][-1])[:300]}", flush=True)
+    for layout, builds in later.items():
+        row["variants"][layout]["later_builds"] = builds
+        ok = [b for b in builds if "regions_s" in b]
+        if ok:
+            row["variants"][layout]["later_regions_s"] = statistics.median(b["regions_s"] for b in ok)
+            row["variants"][layout]["later_run_s"] = statistics.median(b["seconds"].get("run", 0.0) for b in ok)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--models", default="mobilenet_v3_large,nasnet", help="zoo models, comma-separated")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+    parser.add_argument("--later", default="2", help="later builds of each variant, in new processes")
+    args = parser.parse_args()
+    from opbench.errors import OpBenchError
+    from opbench.models import check_name
+
+    if args.dtype not in ("float32", "float16", "bfloat16"):
+        bad_input(f"--dtype: {args.dtype!r} (accepted: float32, float16, bfloat16)")
+    if args.device not in ("cuda", "cpu"):
+        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models or [""]:
+        try:
+            check_name("local", m)
+        except OpBenchError as err:
+            bad_input(f"--models: {err}")
+    out = Path(args.out)
+    if args.later in LAYOUTS:  # one later build, in this new process
+        store = out / "stores" / f"{models[0]}_{args.batch}_{args.dtype}_{args.later}"
+        print(json.dumps(later_build(models[0], args.batch, args.dtype, args.device, args.later, store)))
+        return 0
+    if not args.later.isdigit():
+        bad_input(f"--later: {args.later!r} (accepted: a count of later builds)")
+    args.later = int(args.later)
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"command": "PYTHONPATH=python python3 scripts/exp_layout.py " + " ".join(sys.argv[1:]),
+           "torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+           "results": []}
+    for name in models:
+        try:
+            doc["results"].append(measure(name, args, out))
+        except Exception as err:  # one model's failure is a result too
+            doc["results"].append({"model": name, "error": f"{type(err).__name__}: {err}"})
+        (out / "exp_layout.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
