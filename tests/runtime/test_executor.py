@@ -12,7 +12,7 @@ from opbench.parallel import capturer
 from opbench.pipeline.compare import DEFAULT_SCHEDULERS, critical_path, evaluate
 from opbench.pipeline.compile import tvm_backend
 from opbench.runtime.executor import ParallelExecutor
-from opbench.schedule import get_scheduler
+from opbench.schedule import critical_first, get_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +23,15 @@ def branchy_backend():
     return tvm_backend(w, resolve_target("llvm"))
 
 
+@pytest.mark.parametrize("critical", [False, True])
 @pytest.mark.parametrize("name", DEFAULT_SCHEDULERS)
-def test_every_schedule_gives_the_same_output(branchy_backend, name):
+def test_every_schedule_gives_the_same_output(branchy_backend, name, critical):
     seq = [o.numpy().copy() for o in ParallelExecutor(branchy_backend, get_scheduler("sequential").schedule(
         branchy_backend.graph)).run()]
     schedule = get_scheduler(name).schedule(branchy_backend.graph)
+    if critical:  # the same streams in critical-first launch order (FLOPs for latencies)
+        graph = branchy_backend.graph
+        schedule = critical_first(schedule, graph, lambda op: graph[op].flops)
     out = ParallelExecutor(branchy_backend, schedule).run()
     np.testing.assert_array_equal(out[0].numpy(), seq[0])
     if name != "sequential":

@@ -15,6 +15,7 @@ from .greedy import Greedy
 from .ios import IOS
 from .nimble import Nimble
 from .opara import Opara
+from .order import critical_first
 from .partition import SmPartitioner, critical_ops
 from .sequential import Sequential
 
@@ -33,5 +34,5 @@ def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
 
 
 __all__ = ["IOS", "SCHEDULERS", "SchedulingCost", "Greedy", "Nimble", "Opara", "Schedule", "Scheduler",
-           "Sequential", "SmPartitioner", "WithCost", "critical_ops", "cross_stream_events", "get_scheduler",
-           "transitive_reduction"]
+           "Sequential", "SmPartitioner", "WithCost", "critical_first", "critical_ops", "cross_stream_events",
+           "get_scheduler", "transitive_reduction"]
