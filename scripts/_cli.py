@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,48 @@ def bad_input(message: str) -> None:
     """Stop on bad input before any work: ``error: MESSAGE`` on stderr, exit code 2 (as argparse does)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def model_device_args(parser: Any, models: str, dtype: bool = True) -> None:
+    """The options every model experiment takes: ``--out``, ``--models`` (default ``models``), ``--batch``,
+    ``--device`` and, with ``dtype``, ``--dtype``."""
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--models", default=models, help="zoo models, comma-separated")
+    parser.add_argument("--batch", type=int, default=1)
+    if dtype:
+        parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+
+
+def checked_models(args: Any) -> list[str]:
+    """``args.models`` as a list of zoo models after :func:`model_device_args`'s options are checked: a bad
+    ``--dtype``, ``--device`` or model, or no model at all, stops with one line (:func:`bad_input`)."""
+    from opbench.errors import OpBenchError
+    from opbench.models import check_name
+
+    if getattr(args, "dtype", "float32") not in ("float32", "float16", "bfloat16"):
+        bad_input(f"--dtype: {args.dtype!r} (accepted: float32, float16, bfloat16)")
+    if args.device not in ("cuda", "cpu"):
+        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        bad_input("--models: none given (accepted: zoo models, comma-separated, e.g. googlenet,nasnet)")
+    for m in models:
+        try:
+            check_name("local", m)
+        except OpBenchError as err:
+            bad_input(f"--models: {err}")
+    return models
+
+
+def experiment_doc(script: str, device: str) -> dict[str, Any]:
+    """The head of an experiment's JSON: its command as run, torch's and cuDNN's versions and the device's name;
+    ``results`` to fill."""
+    import torch
+
+    return {"command": f"PYTHONPATH=python python3 scripts/{script} " + " ".join(sys.argv[1:]),
+            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
+            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "results": []}
 
 
 def run_opbench(args: list[str], env: dict[str, str], log: Path, limit: float, wrap: list[str] | None = None

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from _cli import ROOT, bad_input
+from _cli import ROOT, checked_models, experiment_doc, model_device_args
 
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -111,43 +111,20 @@ def overlap(name: str, batch: int, dtype: str, fmt: str, device: str, work: int)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--models", default="nasnet,mobilenet_v3_large,densenet121",
-                        help="zoo models, comma-separated")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    model_device_args(parser, "nasnet,mobilenet_v3_large,densenet121")
     parser.add_argument("--work", type=int, default=20_000_000, help="iterations of the pure-Python workload")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # name:fmt:what, in a new process
     args = parser.parse_args()
-    from opbench.errors import OpBenchError
-    from opbench.models import check_name
-
-    if args.dtype not in ("float32", "float16", "bfloat16"):
-        bad_input(f"--dtype: {args.dtype!r} (accepted: float32, float16, bfloat16)")
-    if args.device not in ("cuda", "cpu"):
-        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
+    models = checked_models(args)
     if args.one:
         name, fmt, what = args.one.split(":")
         res = first_run(name, args.batch, args.dtype, fmt, args.device) if what == "first" else \
             overlap(name, args.batch, args.dtype, fmt, args.device, args.work)
         print(json.dumps(res))
         return 0
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        bad_input("--models: none given (accepted: zoo models, comma-separated, e.g. nasnet,mobilenet_v3_large)")
-    for m in models:
-        try:
-            check_name("local", m)
-        except OpBenchError as err:
-            bad_input(f"--models: {err}")
-    import torch
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "PYTHONPATH=python python3 scripts/exp_first_run.py " + " ".join(sys.argv[1:]),
-           "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "results": []}
+    doc = experiment_doc("exp_first_run.py", args.device)
     for name in models:
         for fmt in FORMATS:
             for what in ("first", "overlap") if fmt == "channels_last" else ("first",):

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _cli import ROOT, bad_input
+from _cli import ROOT, checked_models, experiment_doc, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -65,31 +65,12 @@ def measure(name: str, batch: int, device: str) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--models", default="inception_v3,googlenet,resnet-50", help="zoo models, comma-separated")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run (no TF32 there)")
+    model_device_args(parser, "inception_v3,googlenet,resnet-50", dtype=False)  # float32: TF32 is the question
     args = parser.parse_args()
-    from opbench.errors import OpBenchError
-    from opbench.models import check_name
-
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        bad_input("--models: none given (accepted: zoo models, comma-separated, e.g. inception_v3,googlenet)")
-    for m in models:
-        try:
-            check_name("local", m)
-        except OpBenchError as err:
-            bad_input(f"--models: {err}")
-    if args.device not in ("cuda", "cpu"):
-        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
-    import torch
-
+    models = checked_models(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "PYTHONPATH=python python3 scripts/exp_inductor_error.py " + " ".join(sys.argv[1:]),
-           "torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-           "results": []}
+    doc = experiment_doc("exp_inductor_error.py", args.device)
     for name in models:
         try:
             doc["results"] += measure(name, args.batch, args.device)

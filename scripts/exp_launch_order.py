@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, bad_input
+from _cli import ROOT, checked_models, experiment_doc, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -97,35 +97,15 @@ def measure(name: str, args: Any) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--models", default="googlenet,inception_v3,nasnet", help="zoo models, comma-separated")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    model_device_args(parser, "googlenet,inception_v3,nasnet")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
     args = parser.parse_args()
-    from opbench.errors import OpBenchError
-    from opbench.models import check_name
-
-    if args.dtype not in ("float32", "float16", "bfloat16"):
-        bad_input(f"--dtype: {args.dtype!r} (accepted: float32, float16, bfloat16)")
-    if args.device not in ("cuda", "cpu"):
-        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models or [""]:
-        try:
-            check_name("local", m)
-        except OpBenchError as err:
-            bad_input(f"--models: {err}")
-    import torch
-
+    models = checked_models(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "PYTHONPATH=python python3 scripts/exp_launch_order.py " + " ".join(sys.argv[1:]),
-           "torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-           "results": []}
+    doc = experiment_doc("exp_launch_order.py", args.device)
     for name in models:
         try:
             doc["results"].append(measure(name, args))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, bad_input
+from _cli import ROOT, bad_input, checked_models, experiment_doc, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -125,29 +125,13 @@ def measure(name: str, args: Any, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--models", default="mobilenet_v3_large,nasnet", help="zoo models, comma-separated")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    model_device_args(parser, "mobilenet_v3_large,nasnet")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
     parser.add_argument("--later", default="2", help="later builds of each variant, in new processes")
     args = parser.parse_args()
-    from opbench.errors import OpBenchError
-    from opbench.models import check_name
-
-    if args.dtype not in ("float32", "float16", "bfloat16"):
-        bad_input(f"--dtype: {args.dtype!r} (accepted: float32, float16, bfloat16)")
-    if args.device not in ("cuda", "cpu"):
-        bad_input(f"--device: {args.device!r} (accepted: cuda, cpu)")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models or [""]:
-        try:
-            check_name("local", m)
-        except OpBenchError as err:
-            bad_input(f"--models: {err}")
+    models = checked_models(args)
     out = Path(args.out)
     if args.later in LAYOUTS:  # one later build, in this new process
         store = out / "stores" / f"{models[0]}_{args.batch}_{args.dtype}_{args.later}"
@@ -156,12 +140,8 @@ def main() -> int:
     if not args.later.isdigit():
         bad_input(f"--later: {args.later!r} (accepted: a count of later builds)")
     args.later = int(args.later)
-    import torch
-
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": "PYTHONPATH=python python3 scripts/exp_layout.py " + " ".join(sys.argv[1:]),
-           "torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-           "results": []}
+    doc = experiment_doc("exp_layout.py", args.device)
     for name in models:
         try:
             doc["results"].append(measure(name, args, out))
