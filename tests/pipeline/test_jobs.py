@@ -74,9 +74,9 @@ def test_collect_with_a_database_files_rows_under_its_config(tmp_path, tuned_dat
 
 def test_compare_job_on_the_cpu(llvm_target):
     compiled = compile_workload(load_workload("simple", BRANCHY, 1), llvm_target)
-    result = compare(compiled.backend(), CompareOptions(schedulers="sequential,greedy,opara", repeat=2, number=2,
-                                                        stages=True))
-    assert [r["schedule"] for r in result.rows] == ["sequential", "greedy", "opara"]
+    result = compare(compiled.backend(), CompareOptions(schedulers="sequential,greedy,opara,opara+critical-first",
+                                                        repeat=2, number=2, stages=True))
+    assert [r["schedule"] for r in result.rows] == ["sequential", "greedy", "opara", "opara+critical-first"]
     assert sum(r["kept"] for r in result.rows) == 1 and result.kept_baseline is None
     assert all(r["sched_error"] == 0.0 for r in result.rows)
     table = result.table()
@@ -87,6 +87,7 @@ def test_compare_job_on_the_cpu(llvm_target):
 
 @pytest.mark.parametrize(("options", "message"), [
     (CompareOptions(schedulers="sequential,bogus"), "unknown scheduler 'bogus'"),
+    (CompareOptions(schedulers="sequential,bogus+critical-first"), "unknown scheduler 'bogus'"),
     (CompareOptions(ios_cost="guess"), "unknown --ios-cost 'guess'"),
     (CompareOptions(cost="predicted"), "--cost predicted needs --predictor"),
     (CompareOptions(schedulers="nimble", cost="predicted", predictor="p.opm"), "applies to the ios and greedy"),

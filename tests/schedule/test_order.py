@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from opbench.schedule import IOS, Greedy, Nimble, Opara, Sequential
+from opbench import OpBenchError
+from opbench.pipeline.compare import CompareOptions
+from opbench.pipeline.spec import SpecError
+from opbench.schedule import IOS, CriticalFirst, Greedy, Nimble, Opara, SchedulingCost, Sequential, get_scheduler
 from opbench.schedule.order import SUFFIX, critical_first, upward_ranks
 
 from .test_schedulers import FORK3, dag
@@ -51,3 +54,20 @@ def test_every_scheduler_s_schedule_stays_valid_in_critical_first_order(seed):
             done = set(cf.order[:i])
             ready = [o for o in range(n) if o not in done and all(p in done for p in graph.preds(o))]
             assert ranks[op] == max(ranks[o] for o in ready) and position[op] == i
+
+
+def test_a_scheduler_name_with_the_suffix_gives_that_scheduler_in_critical_first_order():
+    scheduler = get_scheduler("greedy+critical-first", max_streams=2)
+    assert isinstance(scheduler, CriticalFirst) and scheduler.name == "greedy+critical-first"
+    assert scheduler.inner.max_streams == 2
+    cost = SchedulingCost(LONG_AND_SHORT, LATENCY)
+    plan = scheduler.schedule(LONG_AND_SHORT, cost)  # the cost's latencies rank the operators
+    assert plan.name == "greedy+critical-first" and plan.order == [0, 1, 2, 3, 4]
+    assert plan.to_dict() == critical_first(Greedy(2).schedule(LONG_AND_SHORT), LONG_AND_SHORT,
+                                            LATENCY.__getitem__).to_dict()
+    assert scheduler.schedule(LONG_AND_SHORT).order  # without a cost: the cost model's own latencies
+    with pytest.raises(OpBenchError, match="unknown scheduler 'fastest'"):
+        get_scheduler("fastest+critical-first")
+    CompareOptions(schedulers="sequential,opara+critical-first").validate()
+    with pytest.raises(SpecError, match=r"'fastest\+critical-first'.*followed by \+critical-first"):
+        CompareOptions(schedulers="sequential,fastest+critical-first").validate()

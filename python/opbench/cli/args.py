@@ -186,7 +186,8 @@ def add_schedule_flags(p: Any, predictor: bool = True) -> Any:
     """The parallel-schedule group (returned; ``predictor``: with ``--predictor`` for ``--cost predicted``)."""
     g = p.add_argument_group("parallel schedules (--ifcompare, compare)")
     g.add_argument("--schedulers", default="sequential,greedy,nimble,opara,ios",
-                   help="schedulers to compare (comma-separated; sequential is always first)")
+                   help="schedulers to compare (comma-separated; sequential is always first; NAME+critical-first: "
+                        "NAME's streams with the operator of the longest way to the end launched first)")
     g.add_argument("--compare-repeat", type=positive_int, default=10, help="timed samples per schedule")
     g.add_argument("--compare-number", type=positive_int, default=20, help="runs per sample")
     g.add_argument("--save-schedule", default=None, help="write the kept schedule as JSON")

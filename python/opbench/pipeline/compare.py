@@ -644,12 +644,12 @@ class CompareOptions(Spec):
 
     def validate(self) -> None:
         """Check every field without loading anything (see :class:`~opbench.pipeline.spec.Spec`)."""
-        from ..schedule import SCHEDULERS
+        from ..schedule import ACCEPTED, known_scheduler
 
-        unknown = [s for s in self.schedulers if s not in SCHEDULERS]
+        unknown = [s for s in self.schedulers if not known_scheduler(s)]
         if not self.schedulers or unknown:
             raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
-                                          f"(accepted: {', '.join(SCHEDULERS)})")
+                                          f"(accepted: {ACCEPTED})")
         for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS)):
             try:
                 choices(getattr(self, name), accepted, name)
@@ -771,14 +771,16 @@ def schedulers_for(backend: KernelBackend, options: CompareOptions) -> list[Any]
     """The schedulers ``options`` name, with ``ios`` once per IOS stage cost (``ios-measured`` times
     its stages) and the ``-predicted`` variants of ios and greedy where costs are predicted."""
     from ..profile.schedule import measured_stage_cost
-    from ..schedule import IOS
+    from ..schedule import IOS, SUFFIX, CriticalFirst
 
     names = options.scheduler_names()
     costs = choices(options.cost, COSTS, "--cost")
     out: list[Any] = []
     for name in names:
         if "measured" in costs or name not in PREDICTED:
-            if name != "ios":
+            if name == "ios" + SUFFIX:
+                out.append(CriticalFirst(IOS(time_limit_s=options.ios_time_limit_s)))
+            elif name != "ios":
                 out.append(name)
             else:
                 for cost in choices(options.ios_cost, IOS_COSTS, "--ios-cost"):

@@ -23,7 +23,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from .base import Schedule, cross_stream_events
+from .base import Schedule, Scheduler, cross_stream_events
 
 #: the suffix of a critical-first variant's name
 SUFFIX = "+critical-first"
@@ -58,4 +58,20 @@ def critical_first(schedule: Schedule, graph: Any, latency: Callable[[int], floa
         stages=None, meta={**schedule.meta, "order": "critical-first"}).validate(graph)
 
 
-__all__ = ["SUFFIX", "critical_first", "upward_ranks"]
+class CriticalFirst(Scheduler):
+    """Another scheduler's streams in critical-first launch order (:func:`critical_first`), by the cost's
+    operator latencies; named ``inner.name + SUFFIX`` (``opara+critical-first``), as :func:`opbench.schedule.
+    get_scheduler` takes it."""
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+        self.name = inner.name + SUFFIX
+
+    def schedule(self, graph: Any, cost: Any = None) -> Schedule:
+        from .cost import SchedulingCost
+
+        latency = cost.latency if isinstance(cost, SchedulingCost) else SchedulingCost(graph).latency
+        return critical_first(self.inner.schedule(graph, cost), graph, latency)
+
+
+__all__ = ["SUFFIX", "CriticalFirst", "critical_first", "upward_ranks"]
