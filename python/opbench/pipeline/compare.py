@@ -644,12 +644,12 @@ class CompareOptions(Spec):
 
     def validate(self) -> None:
         """Check every field without loading anything (see :class:`~opbench.pipeline.spec.Spec`)."""
-        from ..schedule import ACCEPTED, known_scheduler
+        from ..schedule import accepted_schedulers, known_scheduler
 
         unknown = [s for s in self.schedulers if not known_scheduler(s)]
         if not self.schedulers or unknown:
             raise SpecError("schedulers", f"unknown scheduler {unknown[0] if unknown else ''!r} "
-                                          f"(accepted: {ACCEPTED})")
+                                          f"(accepted: {accepted_schedulers()})")
         for name, accepted in (("cost", COSTS), ("ios_cost", IOS_COSTS)):
             try:
                 choices(getattr(self, name), accepted, name)

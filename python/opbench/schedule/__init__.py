@@ -34,21 +34,24 @@ def get_scheduler(scheduler: str | Scheduler, **options: Any) -> Scheduler:
     if isinstance(scheduler, Scheduler):
         return scheduler
     if isinstance(scheduler, str) and not known_scheduler(scheduler):
-        raise OpBenchError(f"unknown scheduler '{scheduler.removesuffix(SUFFIX)}' (accepted: {ACCEPTED})")
+        raise OpBenchError(f"unknown scheduler '{scheduler.removesuffix(SUFFIX)}' (accepted: {accepted_schedulers()})")
     if isinstance(scheduler, str) and scheduler.endswith(SUFFIX):
         return CriticalFirst(get_scheduler(scheduler[:-len(SUFFIX)], **options))
     return Scheduler.create(scheduler, **options)
 
 
 def known_scheduler(name: str) -> bool:
-    """Whether :func:`get_scheduler` takes ``name`` (without making it)."""
-    return name.removesuffix(SUFFIX) in SCHEDULERS
+    """Whether :func:`get_scheduler` takes ``name`` (without making it): a kind of the scheduler registry, with or
+    without :data:`~opbench.schedule.order.SUFFIX`."""
+    return name.removesuffix(SUFFIX) in SCHEDULER_KINDS
 
 
-#: the scheduler names accepted, for errors
-ACCEPTED = f"{', '.join(SCHEDULERS)}; any of them followed by {SUFFIX}"
+def accepted_schedulers() -> str:
+    """The scheduler names :func:`get_scheduler` takes, for errors."""
+    return f"{', '.join(SCHEDULER_KINDS.kinds())}; any of them followed by {SUFFIX}"
 
 
-__all__ = ["ACCEPTED", "IOS", "SCHEDULERS", "CriticalFirst", "SchedulingCost", "Greedy", "Nimble", "Opara",
+__all__ = ["IOS", "SCHEDULERS", "CriticalFirst", "SchedulingCost", "Greedy", "Nimble", "Opara",
            "Schedule", "Scheduler", "Sequential", "SmPartitioner", "WithCost", "critical_first", "critical_ops",
-           "cross_stream_events", "get_scheduler", "known_scheduler", "transitive_reduction"]
+           "accepted_schedulers", "cross_stream_events", "get_scheduler", "known_scheduler",
+           "transitive_reduction"]
