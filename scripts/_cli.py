@@ -65,6 +65,22 @@ def experiment_doc(script: str, device: str) -> dict[str, Any]:
             "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "results": []}
 
 
+def measure_each(models: list[str], doc: dict[str, Any], path: Path, measure: Any) -> None:
+    """``measure(name)`` for each model, its result (a row, or a list of rows) added to ``doc["results"]``, and
+    ``doc`` written to ``path`` after every model, so that a run stopped part-way keeps what it measured; a
+    model's failure is a row too."""
+    import json
+
+    for name in models:
+        try:
+            got = measure(name)
+            doc["results"] += got if isinstance(got, list) else [got]
+        except Exception as err:  # one model's failure is a result too
+            doc["results"].append({"model": name, "error": f"{type(err).__name__}: {err}"})
+            print(f"{name}: {doc['results'][-1]['error']}", flush=True)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def run_opbench(args: list[str], env: dict[str, str], log: Path, limit: float, wrap: list[str] | None = None
                 ) -> tuple[int | str, float, str]:
     """Run ``opbench ARGS`` (under ``wrap``, e.g. ``nsys profile ...``) from the repository root, appending the

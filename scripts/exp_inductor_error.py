@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
-from _cli import ROOT, checked_models, experiment_doc, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -70,13 +69,8 @@ def main() -> int:
     models = checked_models(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = experiment_doc("exp_inductor_error.py", args.device)
-    for name in models:
-        try:
-            doc["results"] += measure(name, args.batch, args.device)
-        except Exception as err:  # one model's failure is a result too
-            doc["results"].append({"model": name, "error": f"{type(err).__name__}: {err}"})
-        (out / "exp_inductor_error.json").write_text(json.dumps(doc, indent=1) + "\n")
+    measure_each(models, experiment_doc("exp_inductor_error.py", args.device), out / "exp_inductor_error.json",
+                 lambda name: measure(name, args.batch, args.device))
     return 0
 
 

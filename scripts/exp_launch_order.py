@@ -18,14 +18,13 @@ after every model.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, checked_models, experiment_doc, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -105,14 +104,8 @@ def main() -> int:
     models = checked_models(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = experiment_doc("exp_launch_order.py", args.device)
-    for name in models:
-        try:
-            doc["results"].append(measure(name, args))
-        except Exception as err:  # one model's failure is a result too
-            doc["results"].append({"model": name, "error": f"{type(err).__name__}: {err}"})
-            print(f"{name}: {doc['results'][-1]['error']}", flush=True)
-        (out / "exp_launch_order.json").write_text(json.dumps(doc, indent=1) + "\n")
+    measure_each(models, experiment_doc("exp_launch_order.py", args.device), out / "exp_launch_order.json",
+                 lambda name: measure(name, args))
     return 0
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, bad_input, checked_models, experiment_doc, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -107,7 +107,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
     for _ in range(args.later):
         for layout in LAYOUTS:
             cmd = [sys.executable, __file__, "--out", str(out), "--models", name, "--batch", str(args.batch),
-                   "--dtype", args.dtype, "--device", args.device, "--later", layout]
+                   "--dtype", args.dtype, "--device", args.device, "--later-build", layout]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
             try:
                 later[layout].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -129,25 +129,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
-    parser.add_argument("--later", default="2", help="later builds of each variant, in new processes")
+    parser.add_argument("--later", type=int, default=2, help="later builds of each variant, in new processes")
+    parser.add_argument("--later-build", choices=LAYOUTS, help=argparse.SUPPRESS)  # one, in this new process
     args = parser.parse_args()
     models = checked_models(args)
     out = Path(args.out)
-    if args.later in LAYOUTS:  # one later build, in this new process
-        store = out / "stores" / f"{models[0]}_{args.batch}_{args.dtype}_{args.later}"
-        print(json.dumps(later_build(models[0], args.batch, args.dtype, args.device, args.later, store)))
+    if args.later_build:
+        store = out / "stores" / f"{models[0]}_{args.batch}_{args.dtype}_{args.later_build}"
+        print(json.dumps(later_build(models[0], args.batch, args.dtype, args.device, args.later_build, store)))
         return 0
-    if not args.later.isdigit():
-        bad_input(f"--later: {args.later!r} (accepted: a count of later builds)")
-    args.later = int(args.later)
     out.mkdir(parents=True, exist_ok=True)
-    doc = experiment_doc("exp_layout.py", args.device)
-    for name in models:
-        try:
-            doc["results"].append(measure(name, args, out))
-        except Exception as err:  # one model's failure is a result too
-            doc["results"].append({"model": name, "error": f"{type(err).__name__}: {err}"})
-        (out / "exp_layout.json").write_text(json.dumps(doc, indent=1) + "\n")
+    measure_each(models, experiment_doc("exp_layout.py", args.device), out / "exp_layout.json",
+                 lambda name: measure(name, args, out))
     return 0
 
 
