@@ -176,6 +176,24 @@ def test_a_gpu_server_does_not_fork_and_a_cpu_server_may():
     assert "--no-fork" not in server_args("127.0.0.1:9190", "cpu", gpu=False)
 
 
+def test_each_server_of_a_farm_gets_its_own_port(tmp_path, monkeypatch):
+    """Servers started at once on one host once raced for port 9090 ("Address already in use"): the farm
+    gives the tracker and every server a distinct free port, and each server listens on its port only."""
+    from opbench.profile import rpc
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(rpc.LocalFarm, "_start", lambda self, args, log, env: started.append(args))
+    monkeypatch.setattr(rpc.LocalFarm, "_wait", lambda self: None)
+    with rpc.LocalFarm("k", [None, None, None], tmp_path / "farm") as farm:
+        pass
+    ports = [int(args[args.index("--port") + 1]) for args in started]
+    ends = [int(args[args.index("--port-end") + 1]) for args in started]
+    assert len(started) == 4 and ports[0] == farm.port and len(set(ports)) == 4
+    assert ends == [p + 1 for p in ports]
+    assert all(args[args.index("--tracker") + 1] == farm.address for args in started[1:])
+    assert len(set(rpc.free_ports("127.0.0.1", 5))) == 5
+
+
 class _FakeSession:
     def __init__(self):
         self.files: dict[str, str] = {}

@@ -345,14 +345,31 @@ class RPCProfiler(Profiler):
         return time_evaluator(vm, "invoke_stateful", built.device, ["main"], config)
 
 
-def server_args(tracker: str, key: str, host: str = "127.0.0.1", gpu: bool = True) -> list[str]:
+def server_args(tracker: str, key: str, host: str = "127.0.0.1", gpu: bool = True,
+                port: int | None = None) -> list[str]:
     """The arguments of ``python -m`` that start one ``tvm.exec.rpc_server`` registered with ``tracker``.
+
+    ``port``: the one port it listens on; None lets it take the first free one of 9090-9999 (servers
+    started at the same moment on one host can then race for the same port: give each its own).
 
     A GPU's server runs with ``--no-fork``: by default the server forks a child for each session, and a
     child forked from a process that has used CUDA cannot use it (``cudaErrorInitializationError`` at its
     first allocation, ``CUDA_ERROR_NOT_INITIALIZED`` reading the device's name; seen on H100s)."""
-    return ["tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", host, "--port", "9090",
-            "--port-end", "9999", *(["--no-fork"] if gpu else [])]
+    first, end = (9090, 9999) if port is None else (port, port + 1)
+    return ["tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", host, "--port", str(first),
+            "--port-end", str(end), *(["--no-fork"] if gpu else [])]
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports free on ``host`` now: each bound to port 0 at the same time, so the system
+    gives different ones, then released for the processes that will listen on them."""
+    import socket
+
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 class LocalFarm:
@@ -391,20 +408,17 @@ class LocalFarm:
                                                 env=env, start_new_session=True))
 
     def __enter__(self) -> LocalFarm:
-        import socket
-
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as sock:
-            sock.bind((self.host, 0))
-            self.port = sock.getsockname()[1]
+        self.port, *server_ports = free_ports(self.host, 1 + len(self.devices))
         try:
             self._start(["tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port), "--port-end",
                          str(self.port + 1)], self.log_dir / "tracker.log", dict(os.environ))
-            for i, device in enumerate(self.devices):
+            for i, (device, port) in enumerate(zip(self.devices, server_ports, strict=True)):
                 env = dict(os.environ) if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
                 log = self.log_dir / f"server{i}.log"
                 self.server_logs.append(log)
-                self._start(server_args(self.address, self.key, self.host, gpu=device is not None), log, env)
+                self._start(server_args(self.address, self.key, self.host, gpu=device is not None,
+                                        port=port), log, env)
             self._wait()
         except BaseException:
             self.__exit__(None, None, None)
@@ -446,4 +460,5 @@ class LocalFarm:
         self._procs.clear()
 
 
-__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule", "server_args", "tracker_address", "valid_key"]
+__all__ = ["LocalFarm", "RPCProfiler", "RPCSpec", "RemoteModule", "free_ports", "server_args", "tracker_address",
+           "valid_key"]
