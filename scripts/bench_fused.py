@@ -63,6 +63,7 @@ BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
 
 DTYPE = "float32"  # --dtype
 COLD_CACHES = False  # --cold-caches
+LAYOUT = "inductor"  # --layout
 
 
 def load(name: str, batch: int):
@@ -93,7 +94,8 @@ def prebuild(name: str, batch: int) -> dict:
     torch.cuda.synchronize()
     res = {"torch_compile_cold_s": time.perf_counter() - t}
     t = time.perf_counter()
-    fused = FusedBackend(model, inputs, combo=True)  # as the capturer compiles: combo code for long regions too
+    # as the capturer compiles: combo code for long regions too
+    fused = FusedBackend(model, inputs, combo=True, layout=LAYOUT)
     res.update(fused_cold_s=time.perf_counter() - t, regions_compile_cold_s=fused.compile_s,
                regions=len(fused.regions), region_fallbacks=len(fused.fallbacks), regions_built=fused.built,
                regions_seconds=fused.compile_seconds)
@@ -168,7 +170,7 @@ def rebuild(name: str, batch: int, args) -> dict:
     if profile is not None:
         profile.enable()
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
-                     mode=args.mode)
+                     mode=args.mode, layout=args.layout)
     if profile is not None:
         profile.disable()
     res = {"build_s": time.perf_counter() - t, "phases": fused.phases,
@@ -197,7 +199,7 @@ def relative_err(out, ref) -> float:
 def passed_on(args) -> list[str]:
     """The options a measuring or rebuilding process takes from its parent: what the fused capturer is asked
     for and how the rebuild runs."""
-    return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode]
+    return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode, "--layout", args.layout]
             + (["--profile-rebuild"] if args.profile_rebuild else [])
             + (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
             + (["--cold-caches"] if args.cold_caches else []))
@@ -255,7 +257,7 @@ def bench(name: str, batch: int, args) -> dict:
     torch.backends.cudnn.benchmark = args.cudnn_benchmark  # for every candidate alike
     torch.manual_seed(0)
     model, inputs = load(name, batch)
-    res: dict = {"model": name, "batch": batch, "dtype": DTYPE}
+    res: dict = {"model": name, "batch": batch, "dtype": DTYPE, "layout": args.layout}
     with torch.no_grad():
         ref = model(*inputs)
     own = CapturedModel(model, inputs)
@@ -269,7 +271,7 @@ def bench(name: str, batch: int, args) -> dict:
     os.environ["OPBENCH_CACHE"] = str(cache)
     t = time.perf_counter()
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
-                     mode=args.mode)
+                     mode=args.mode, layout=args.layout)
     res["fused_build_s"] = time.perf_counter() - t
     res["fused_phases"] = fused.phases
     res["fused_table"] = fused.table
@@ -444,6 +446,9 @@ def main() -> int:
     parser.add_argument("--mode", default="fast", choices=("fast", "exhaustive"),
                         help="the fused capturer's search: fast (the best predicted schedules measured) or "
                              "exhaustive (every scheduler, IOS's dynamic programme among them, measured)")
+    parser.add_argument("--layout", default="inductor", choices=("inductor", "pytorch"),
+                        help="the fused capturer's region layout (capturer(layout=...)): inductor (channels-last "
+                             "convolutions, the default) or pytorch (the model's own)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="cuDNN's benchmark mode (torch.backends.cudnn.benchmark) in the measuring and rebuilding "
                              "processes: every candidate's convolutions use the algorithm cuDNN times fastest")
@@ -463,7 +468,7 @@ def main() -> int:
     from opbench.errors import OpBenchError
     from opbench.models import check_dtype
 
-    global DTYPE, COLD_CACHES
+    global DTYPE, COLD_CACHES, LAYOUT
     try:
         dtypes = [check_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
         items = []
@@ -474,7 +479,7 @@ def main() -> int:
     except (OpBenchError, ValueError) as err:
         parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16, "
                      "--gpus GPU indices such as 0,1)")
-    DTYPE, COLD_CACHES = dtypes[0], args.cold_caches
+    DTYPE, COLD_CACHES, LAYOUT = dtypes[0], args.cold_caches, args.layout
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.prebuild or args.rebuild or args.one:

@@ -34,6 +34,7 @@ from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
+from .runtime.fused import check_layout
 from .runtime.graphs import (
     COMBO_ROW,
     COMPILE_ROW,
@@ -107,6 +108,7 @@ class CaptureOptions:
     kernels: str = "aten"
     compiled: bool | Sequence[str] | None = None
     cut: str = "auto"
+    layout: str = "inductor"
     sm_partition: str = "off"
     dtype: str | None = None
     trace: str | Path | None = None
@@ -117,6 +119,7 @@ class CaptureOptions:
         # True keeps the choice too (a later build builds only what was kept); "schedule" the cut and the schedule
         if not isinstance(self.cache, bool) and self.cache != "schedule":
             raise OpBenchError(f"unknown capturer cache {self.cache!r} (accepted: False, True, 'schedule')")
+        check_layout(self.layout)
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -150,7 +153,7 @@ def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedu
     ``saved``, an earlier build's schedule, when there is one, and otherwise offer combo kernels inside long regions
     when the ``torch.compile`` rows include combo kernels (:func:`~opbench.pipeline.compile.choose_combo`)."""
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                         kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels),
+                         kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels), layout=o.layout,
                          **(saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}))
 
 
@@ -214,7 +217,8 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
     """:func:`_cache_path` for the options that shape the search."""
     return _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
                                        "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
-                                       "compiled": o.compiled})
+                                       "compiled": o.compiled}
+                       | ({"layout": o.layout} if o.layout != "inductor" else {}))
 
 
 def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
@@ -395,7 +399,10 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     the traced graph, each compiled by Inductor (:class:`opbench.runtime.fused.FusedBackend`; ``cut``:
     ``auto``, the branches cut, or one of :data:`opbench.ir.regions.CUTS`; with the combo row, each long region
     is also compiled with combo kernels and keeps the faster of its two codes,
-    :func:`opbench.pipeline.compile.choose_combo`). The result is a
+    :func:`opbench.pipeline.compile.choose_combo`; ``layout``: the layout of the regions' convolutions,
+    :data:`opbench.runtime.fused.LAYOUTS`: ``"pytorch"`` keeps the model's own, so that a later build of a model
+    with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed).
+    The result is a
     :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
     fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or
     :class:`~opbench.runtime.graphs.CompiledModel`), with the reason logged at INFO: never slower than

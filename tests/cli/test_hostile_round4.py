@@ -130,6 +130,9 @@ def _schedule(path: Path, **extra) -> Path:
     (["--nvtx"], "--nvtx marks operators for Nsight Systems on a GPU"),
     (["--schedule", "PARTITIONED"], "this schedule confines its streams to groups of SMs"),
     (["--backend", "fused", "--cut", "whole", "--schedule", "CUT"], "the schedule was saved with its regions cut"),
+    (["--layout", "pytorch"], "--layout pytorch lays out the convolutions of Inductor-compiled regions: it applies"),
+    (["--backend", "fused", "--layout", "pytorch", "--schedule", "CUT"],
+     "--layout pytorch, but the schedule's regions were compiled in layout 'inductor'"),
 ])
 def test_an_option_that_does_not_apply_is_refused_not_ignored(tmp_path, args, message):
     files = {"PARTITIONED": _schedule(tmp_path / "p.json", sm_groups=[66], sm_group_of=[0]),

@@ -446,6 +446,37 @@ def test_combo_kernels_inside_long_regions_are_timed_through_one_path_and_kept_w
         assert hung.combo_offered == backend.combo_offered
 
 
+def test_the_pytorch_layout_compiles_without_layout_optimization_under_keys_of_its_own(block, tmp_path,
+                                                                                     monkeypatch):
+    """``layout="pytorch"``: every region compiled with Inductor's layout optimization off, stored apart from the
+    default layout's code, saved in the schedule's meta and built so again from it."""
+    from opbench.pipeline.compile import saved_cut, torch_backend
+    from opbench.runtime import fused
+
+    model, x = block
+    with torch.no_grad():
+        expected = model(x)
+    seen, standalone = [], torch._inductor.standalone_compile
+
+    def recording(*args, **kwargs):
+        seen.append(torch._inductor.config.layout_optimization)
+        return standalone(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", recording)
+    store = tmp_path / "regions"
+    plain = fused.FusedBackend(model, [x], store=store, layout="pytorch")
+    n = plain.built["compiled"]
+    assert n >= 1 and seen == [False] * n and plain.schedule_meta()["layout"] == "pytorch", (plain.built, seen)
+    torch.testing.assert_close(_greedy(plain)[0], expected, rtol=1e-4, atol=1e-5)
+    default = fused.FusedBackend(model, [x], store=store)  # the default layout's code: not the one stored
+    assert default.built["compiled"] == n and seen[n:] == [True] * n, (default.built, seen)
+    assert default.schedule_meta()["layout"] == "inductor"
+    again = torch_backend(model, [x], kernels="fused", **saved_cut(plain.schedule_meta()))
+    assert again.layout == "pytorch" and again.built == {"loaded": n} and len(seen) == 2 * n, (again.built, seen)
+    torch.testing.assert_close(_greedy(again)[0], expected, rtol=1e-4, atol=1e-5)
+    assert saved_cut({"regions": [["x"]]})["layout"] == "inductor"  # a schedule saved before layouts
+
+
 def test_bad_kernels_and_cuts_are_one_line(block):
     from opbench import capturer
     from opbench.pipeline.compile import torch_backend
@@ -457,6 +488,10 @@ def test_bad_kernels_and_cuts_are_one_line(block):
         torch_backend(model, [x], kernels="fused", cut="thin")
     with pytest.raises(OpBenchError, match=r"unknown merge 'some' \(accepted: none, all, ios"):
         torch_backend(model, [x], merge="some", kernels="fused")
+    with pytest.raises(OpBenchError, match=r"unknown region layout 'nchw' \(accepted: inductor, pytorch\)"):
+        capturer(x, model, kernels="fused", layout="nchw")
+    with pytest.raises(OpBenchError, match=r"layout 'nchw' \(accepted: inductor, pytorch\)"):
+        torch_backend(model, [x], kernels="fused", layout="nchw")
 
 
 @pytest.mark.parametrize("trace", ["fx", "export"])

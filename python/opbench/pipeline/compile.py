@@ -187,6 +187,10 @@ class BackendSpec(Spec):
     combo_regions:
         A saved fused schedule's regions that ran their combo-kernel code (its ``meta["combo"]``), built so again
         instead of choosing.
+    layout:
+        For fused kernels, the layout of the regions' convolutions (:data:`opbench.runtime.fused.LAYOUTS`):
+        ``inductor`` (Inductor's choice) or ``pytorch`` (the model's own: later builds start sooner where the model
+        has grouped convolutions); a saved fused schedule's ``meta["layout"]``.
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -202,6 +206,7 @@ class BackendSpec(Spec):
     compiled: bool | None = None
     combo: bool = False
     combo_regions: tuple[int, ...] | None = None
+    layout: str = "inductor"
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
@@ -211,10 +216,11 @@ class BackendSpec(Spec):
         from ..ir.regions import CUTS
         from ..ir.torch_graph import TRACERS as TRACES
         from ..runtime.backend import BACKEND_KINDS
+        from ..runtime.fused import LAYOUTS
 
         for name, value, accepted in (("kind", self.kind, BACKEND_KINDS.kinds()), ("kernels", self.kernels, KERNELS),
                                       ("merge", self.merge, MERGE_MODES), ("cut", self.cut, ("auto", *CUTS)),
-                                      ("trace", self.trace, TRACES)):
+                                      ("trace", self.trace, TRACES), ("layout", self.layout, LAYOUTS)):
             if value not in accepted:
                 raise SpecError(name, f"unknown {name} {value!r} (accepted: {', '.join(accepted)})")
         if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
@@ -255,7 +261,8 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
                                    number=min(number, 5))
         fused = KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
                                      regions=regions, trace=trace, costs=costs, merge=merge or False,
-                                     combo=list(o.combo_regions) if o.combo_regions is not None else o.combo)
+                                     combo=list(o.combo_regions) if o.combo_regions is not None else o.combo,
+                                     layout=o.layout)
         choose_combo(fused, repeat, number)
         return fused
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
@@ -279,12 +286,14 @@ def combo_in_regions(compiled: bool | Sequence[str] | None, kernels: str) -> boo
 
 def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`BackendSpec` fields that build a saved fused schedule's regions again, from its ``meta``: the cut
-    (``regions``), the merged groups it names (``merged``) and the regions that ran combo-kernel code
-    (``combo_regions``; none for a schedule saved before they could); ``{}`` for a schedule without a cut."""
+    (``regions``), the merged groups it names (``merged``), the regions that ran combo-kernel code
+    (``combo_regions``; none for a schedule saved before they could) and the layout of their convolutions
+    (``layout``; Inductor's for one saved before it could be chosen); ``{}`` for a schedule without a cut."""
     regions = (meta or {}).get("regions")
     if not regions:
         return {}
-    return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ())}
+    return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ()),
+            "layout": meta.get("layout") or "inductor"}
 
 
 #: how much faster (relative median) a region's combo-kernel code must run to be kept over its default code: at a

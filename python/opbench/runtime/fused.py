@@ -61,6 +61,13 @@ CLOSE = 5e-2
 #: a long one holds such kernels (densenet121's one region of 431 operators: the copies into its concatenations);
 #: a short one would cost a compile and find nothing
 COMBO_FROM = 32
+#: the layouts a region's convolutions may be compiled in: ``inductor``, Inductor's own choice (its
+#: ``layout_optimization``: channels-last around convolutions), or ``pytorch``, the layout the model's tensors have
+#: (for most models contiguous). Channels-last, PyTorch sends grouped (depthwise) convolutions to cuDNN, whose plans
+#: for them take seconds to make in each new process (the first run of a later build's loaded regions:
+#: mobilenet_v3_large and nasnet, 2.3-2.7 s of a 5.3-7.9 s rebuild, H200); in their own layout its own depthwise
+#: kernels run them, which need no plan (rebuilds of 2.2-5.0 s), at a cost in speed (2-5 %, same models)
+LAYOUTS = ("inductor", "pytorch")
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
@@ -197,15 +204,28 @@ def _has_constants(graph: Any) -> bool:
     return any(n.op == "get_attr" for n in graph.graph.nodes)
 
 
-def _region_key(graph: Any, values: Sequence[Any], combo: bool = False) -> str:
+def check_layout(layout: str) -> str:
+    """``layout`` when it is one of :data:`LAYOUTS`, else a one-line error naming those accepted."""
+    if layout not in LAYOUTS:
+        raise OpBenchError(f"unknown region layout {layout!r} (accepted: {', '.join(LAYOUTS)})")
+    return layout
+
+
+def _variant(combo: bool, layout: str) -> dict[str, Any]:
+    """What a key adds for code compiled otherwise than by default: combo kernels, another layout."""
+    return ({"combo": True} if combo else {}) | ({"layout": layout} if layout != LAYOUTS[0] else {})
+
+
+def _region_key(graph: Any, values: Sequence[Any], combo: bool = False, layout: str = LAYOUTS[0]) -> str:
     """The stored artifact's key: the ATen graph's code, its values' metadata (:func:`_meta`), the device's name,
-    the torch version and :data:`REGION_FORMAT`, and whether it was compiled with combo kernels."""
+    the torch version and :data:`REGION_FORMAT`, and whether it was compiled with combo kernels or in another
+    layout (:data:`LAYOUTS`)."""
     import torch
 
     from ..utils import digest
 
     return digest({"code": graph.code, "inputs": [_meta(x) for x in values], "device": _device_name(values),
-                   "torch": torch.__version__, "format": REGION_FORMAT} | ({"combo": True} if combo else {}))
+                   "torch": torch.__version__, "format": REGION_FORMAT} | _variant(combo, layout))
 
 
 def _meta(x: Any) -> Any:
@@ -246,14 +266,14 @@ def _module_key(module: Any) -> list[Any]:
             for name, m in module.named_modules()] + [repr(module)]
 
 
-def _quick_key(region: Any, values: Sequence[Any], combo: bool = False) -> str | None:
+def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: str = LAYOUTS[0]) -> str | None:
     """A key of a region as traced by ``torch.fx``, computed without tracing it to ATen: its nodes in order, each
     with its operation, its target (a module by :func:`_module_key`, not by name, so that regions of one structure
     share a key; a function by its qualified name) and its arguments (earlier nodes by position), and the metadata
     of its inputs, parameters and buffers. None for a region that calls a function outside torch and the standard
     library. A later build finds through it the stored artifact of the region's ATen graph
     (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's, once for each key
-    and build. ``combo``: the key of its code compiled with combo kernels."""
+    and build. ``combo``, ``layout``: the key of its code compiled with combo kernels, in that layout."""
     import torch
     from torch.fx.node import map_arg
 
@@ -284,8 +304,7 @@ def _quick_key(region: Any, values: Sequence[Any], combo: bool = False) -> str |
         arguments = map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
         nodes.append([node.op, target, repr(arguments)])
     return digest({"nodes": nodes, "values": [_meta(x) for x in values], "device": _device_name(values),
-                   "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2}
-                  | ({"combo": True} if combo else {}))
+                   "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2} | _variant(combo, layout))
 
 
 @dataclasses.dataclass
@@ -343,7 +362,8 @@ class RegionCompiler:
     A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
     Inductor cannot compile at all runs its ATen operators. With ``combo``, every region is compiled with Inductor's
     horizontal fusion (``combo_kernels``; keys of their own), and one that cannot be compiled so is left as it is,
-    with the reason (no ``torch.compile`` of it).
+    with the reason (no ``torch.compile`` of it). ``layout`` (:data:`LAYOUTS`): the layout of the regions'
+    convolutions (keys of their own too).
 
     Attributes
     ----------
@@ -359,8 +379,8 @@ class RegionCompiler:
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
 
-    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False) -> None:
-        self.folder, self.jobs, self.combo = folder, jobs, combo
+    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = LAYOUTS[0]) -> None:
+        self.folder, self.jobs, self.combo, self.layout = folder, jobs, combo, check_layout(layout)
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
@@ -427,7 +447,7 @@ class RegionCompiler:
         if artifact is None:
             if graph is None:
                 raise OpBenchError("its stored code could not be loaded")
-            artifact = _standalone_compile(graph, values, self.combo)
+            artifact = _standalone_compile(graph, values, self.combo, self.layout)
             how = "compiled"
             if path is not None and not constants:
                 try:
@@ -485,7 +505,7 @@ class RegionCompiler:
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         for share in shares:
             try:
-                payload = pickle.dumps((self.combo, [(key, graph, _specs(values), str(self._path(key)))
+                payload = pickle.dumps((self.combo, self.layout, [(key, graph, _specs(values), str(self._path(key)))
                                                      for key, (graph, values) in share]))
             except Exception as err:  # graphs that cannot travel are compiled here
                 log.info("regions compiled here: %s", first_line(err))
@@ -571,7 +591,7 @@ class RegionCompiler:
         # tuple's repr, which would hold the tensors' values)
         values = [*torch.utils._pytree.tree_leaves(list(inputs)), *tensors]
         try:
-            quick = _quick_key(region, values, self.combo) if self.folder is not None else None
+            quick = _quick_key(region, values, self.combo, self.layout) if self.folder is not None else None
         except Exception as err:  # a module whose repr fails, say: no quick key
             quick = None
             log.debug("region %s: no quick key (%s)", name, first_line(err))
@@ -582,7 +602,7 @@ class RegionCompiler:
         clock = self._lap("trace", clock)
         try:
             graph, spec = _aten_graph(region, inputs, names, tensors)
-            return _Traced(graph, values, tensors, spec, _region_key(graph, values, self.combo), quick)
+            return _Traced(graph, values, tensors, spec, _region_key(graph, values, self.combo, self.layout), quick)
         except Exception as err:  # not traceable to ATen: Dynamo's way
             log.debug("region %s: not traced to ATen (%s); using torch.compile", name, first_line(err))
             return None
@@ -653,7 +673,7 @@ class RegionCompiler:
         if self.combo:
             return region, "not traced to ATen"
         clock = time.perf_counter()
-        compiled, why = compile_region(region, inputs, name)
+        compiled, why = compile_region(region, inputs, name, self.layout)
         self._count("aten" if why else "torch.compile")
         self._lap("torch.compile", clock)
         return compiled, why
@@ -729,14 +749,14 @@ def _worker() -> None:
     import torch._inductor.compile_fx  # noqa: F401  (what the graphs' unpickling refers to)
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
-    combo, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
+    combo, layout, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
     for key, graph, specs, path in share:
         if os.path.exists(path):
             continue
         try:
             values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
                       for s in specs]
-            artifact = _standalone_compile(graph, values, combo)
+            artifact = _standalone_compile(graph, values, combo, layout)
             artifact.save(path=path, format="binary")
         except Exception as err:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
@@ -747,21 +767,25 @@ def _region_index(name: str) -> int:
     return int(name.rsplit("_", 1)[1])
 
 
-def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool) -> Any:
-    """``graph`` (ATen) compiled by Inductor for ``values``, with combo kernels when ``combo``."""
+def _inductor_options(combo: bool = False, layout: str = LAYOUTS[0]) -> dict[str, Any]:
+    """Inductor's settings for code with combo kernels (``combo``) and in ``layout`` (:data:`LAYOUTS`)."""
+    return ({"combo_kernels": True} if combo else {}) | ({"layout_optimization": False} if layout == "pytorch" else {})
+
+
+def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool, layout: str = LAYOUTS[0]) -> Any:
+    """``graph`` (ATen) compiled by Inductor for ``values``, with combo kernels when ``combo``, in ``layout``."""
     import torch
 
-    options = torch._inductor.config.patch(combo_kernels=True) if combo else contextlib.nullcontext()
-    with torch.no_grad(), options:
+    with torch.no_grad(), torch._inductor.config.patch(_inductor_options(combo, layout)):
         return torch._inductor.standalone_compile(graph, list(values), dynamic_shapes="from_example_inputs")
 
 
-def compile_region(region: Any, inputs: Sequence[Any], name: str) -> tuple[Any, str | None]:
-    """``region`` compiled by ``torch.compile`` (Dynamo, then Inductor) and run once on ``inputs`` (compiling it),
-    or the region itself with the reason when Inductor cannot compile it."""
+def compile_region(region: Any, inputs: Sequence[Any], name: str, layout: str = LAYOUTS[0]) -> tuple[Any, str | None]:
+    """``region`` compiled by ``torch.compile`` (Dynamo, then Inductor; convolutions in ``layout``) and run once on
+    ``inputs`` (compiling it), or the region itself with the reason when Inductor cannot compile it."""
     import torch
 
-    compiled = torch.compile(region, dynamic=False, fullgraph=True)
+    compiled = torch.compile(region, dynamic=False, fullgraph=True, options=_inductor_options(layout=layout) or None)
     try:
         with torch.no_grad():
             compiled(*inputs)
@@ -844,6 +868,10 @@ class FusedBackend(TorchBackend):
         operators a second time with ``combo_kernels`` (:attr:`combo_offered`; the caller times both and picks
         with :meth:`use_combo`); a list of region indices (a saved schedule's ``meta["combo"]``) compiles those
         regions only so; ``False``: none.
+    layout:
+        The layout of the regions' convolutions (:data:`LAYOUTS`): ``inductor`` (Inductor's choice, channels-last)
+        or ``pytorch`` (the model's own; later builds of models with grouped convolutions start seconds sooner,
+        their code runs a few percent slower); a saved schedule's ``meta["layout"]``.
 
     Attributes
     ----------
@@ -880,7 +908,7 @@ class FusedBackend(TorchBackend):
                  regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
                  merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
-                 jobs: int | None = None, combo: bool | Sequence[int] = False) -> None:
+                 jobs: int | None = None, combo: bool | Sequence[int] = False, layout: str = LAYOUTS[0]) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -891,6 +919,7 @@ class FusedBackend(TorchBackend):
             store = cache_root() / "regions"
         if cut not in CUTS:
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
+        self.layout = check_layout(layout)
         gm, self.source_trace = fx_module(model, inputs, trace)
         self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         ops, preds = fx_operator_dag(gm.graph)
@@ -924,7 +953,8 @@ class FusedBackend(TorchBackend):
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
         folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
-        compiler, combo_compiler = RegionCompiler(folder, jobs), RegionCompiler(folder, jobs, combo=True)
+        compiler = RegionCompiler(folder, jobs, layout=layout)
+        combo_compiler = RegionCompiler(folder, jobs, combo=True, layout=layout)
         children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
                     if name in seen]
         saved_combo = set() if isinstance(combo, bool) else {f"submod_{int(r)}" for r in combo}
@@ -1015,7 +1045,7 @@ class FusedBackend(TorchBackend):
 
     def schedule_meta(self) -> dict[str, Any]:
         return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups,
-                "combo": self.combo_regions}
+                "combo": self.combo_regions, "layout": self.layout}
 
     def _region_flops(self, gm: Any, inputs: Sequence[Any], cut_ops: list[list[int]]) -> dict[str, float]:
         """FLOPs of each region's call in the split graph, summed over its traced operators."""
@@ -1028,4 +1058,4 @@ class FusedBackend(TorchBackend):
 
 
 # fx_module: opbench.ir.torch_graph's
-__all__ = ["FusedBackend", "RegionCall", "RegionCompiler", "compile_region", "fx_module"]
+__all__ = ["LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler", "check_layout", "compile_region", "fx_module"]
