@@ -152,9 +152,10 @@ def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedu
     """The kernels of ``o.kernels`` (traced as ``compare --backend torch`` traces); fused regions take the cut of
     ``saved``, an earlier build's schedule, when there is one, and otherwise offer combo kernels inside long regions
     when the ``torch.compile`` rows include combo kernels (:func:`~opbench.pipeline.compile.choose_combo`)."""
+    saved_fields = saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
-                         kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels), layout=o.layout,
-                         **(saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}))
+                         kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels),
+                         **({"layout": o.layout} | saved_fields))
 
 
 def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:

@@ -477,6 +477,19 @@ def test_the_pytorch_layout_compiles_without_layout_optimization_under_keys_of_i
     assert saved_cut({"regions": [["x"]]})["layout"] == "inductor"  # a schedule saved before layouts
 
 
+def test_the_capturer_builds_a_saved_cut_in_its_saved_layout_and_otherwise_in_the_one_asked(monkeypatch):
+    from opbench import parallel
+    from opbench.schedule import Schedule
+
+    asked: list[dict] = []
+    monkeypatch.setattr(parallel, "torch_backend", lambda model, inputs, **kw: asked.append(kw))
+    options = parallel.CaptureOptions(kernels="fused", layout="pytorch")
+    saved = Schedule("opara", [0], [0], [], meta={"kernels": "fused", "regions": [["x"]], "layout": "inductor"})
+    parallel._backend(None, [], options, None)
+    parallel._backend(None, [], options, saved)
+    assert [kw["layout"] for kw in asked] == ["pytorch", "inductor"] and asked[1]["regions"] == [["x"]]
+
+
 def test_bad_kernels_and_cuts_are_one_line(block):
     from opbench import capturer
     from opbench.pipeline.compile import torch_backend
