@@ -102,9 +102,15 @@ def prebuild(name: str, batch: int) -> dict:
     return res
 
 
+def stem(name: str, batch: int, dtype: str) -> str:
+    """How the files and folders of one (model, batch, dtype) are named, with ``--layout`` where it is not the
+    default (so that runs of both layouts in one ``--out`` keep apart, their cold builds too)."""
+    return f"{name}_{batch}_{dtype}" + (f"_{LAYOUT}" if LAYOUT != "inductor" else "")
+
+
 def caches_folder(out: Path, item: tuple[str, int, str]) -> Path:
     """Where ``--cold-caches`` keeps the Inductor and Triton caches of one (model, batch, dtype)."""
-    return out / "prebuild" / "caches_{}_{}_{}".format(*item)
+    return out / "prebuild" / f"caches_{stem(*item)}"
 
 
 def inductor_caches(out: Path, item: tuple[str, int, str]) -> dict[str, str]:
@@ -122,14 +128,15 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
     """``prebuild`` of every item without a file in ``out/prebuild``, ``jobs`` processes at a time."""
     folder = out / "prebuild"
     folder.mkdir(exist_ok=True)
-    todo = [(n, b, d) for n, b, d in items if not (folder / f"{n}_{b}_{d}.json").exists()]
+    todo = [(n, b, d) for n, b, d in items if not (folder / f"{stem(n, b, d)}.json").exists()]
     running: list[tuple[subprocess.Popen, float]] = []
     env = dict(env or os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
     while todo or running:
         while todo and len(running) < jobs:
             n, b, d = todo.pop(0)
-            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d]
-            store = folder / f"cache_{n}_{b}_{d}"  # an empty store of compiled regions: a cold build
+            cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d, "--layout",
+                   LAYOUT]
+            store = folder / f"cache_{stem(n, b, d)}"  # an empty store of compiled regions: a cold build
             shutil.rmtree(store, ignore_errors=True)
             if COLD_CACHES:  # empty Inductor and Triton caches too
                 shutil.rmtree(caches_folder(out, (n, b, d)), ignore_errors=True)
@@ -147,7 +154,7 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
 
 def cache_dir(out: Path, name: str, batch: int) -> Path:
     """The capturer's cache of one model and batch (``$OPBENCH_CACHE`` of its builds)."""
-    return out / "cache" / f"{name}_{batch}_{DTYPE}"
+    return out / "cache" / stem(name, batch, DTYPE)
 
 
 def rebuild(name: str, batch: int, args) -> dict:
@@ -207,7 +214,7 @@ def passed_on(args) -> list[str]:
 
 def rebuild_in_new_process(name: str, batch: int, out: Path, args) -> dict:
     """:func:`rebuild` in a process of its own (Inductor's caches as the measured build left them)."""
-    path = out / "rebuild" / f"{name}_{batch}_{DTYPE}.json"
+    path = out / "rebuild" / f"{stem(name, batch, DTYPE)}.json"
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)
     env = dict(os.environ, OPBENCH_CACHE=str(cache_dir(out, name, batch)))
@@ -342,7 +349,7 @@ def bench(name: str, batch: int, args) -> dict:
     kept = {"model graph": "model, CUDA Graph", "torch.compile": "torch.compile",
             "torch.compile + combo kernels": "torch.compile + combo kernels", "capturer fused": res["fused_kept"]}
     res["own_vs_timer"] = {k: own[v] / ms[k] - 1 for k, v in kept.items() if k in ms and v in own}
-    cold = Path(args.out) / "prebuild" / f"{name}_{batch}_{DTYPE}.json"
+    cold = Path(args.out) / "prebuild" / f"{stem(name, batch, DTYPE)}.json"
     if cold.exists():
         res["cold"] = json.loads(cold.read_text())
     return res
@@ -400,7 +407,7 @@ def measure_one(name: str, batch: int, args) -> None:
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
                    settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds,
                              "cudnn_benchmark": args.cudnn_benchmark, "mode": args.mode,
-                             "cold_caches": args.cold_caches})
+                             "cold_caches": args.cold_caches, "layout": args.layout})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
         with written_whole(path) as part:  # a reader never sees half a file
             part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -492,7 +499,7 @@ def main() -> int:
             res = prebuild(name, int(batch)) if args.prebuild else rebuild(name, int(batch), args)
         except Exception as err:
             res = {"error": f"{type(err).__name__}: {err}"}
-        (out / kind / f"{name}_{batch}_{DTYPE}.json").write_text(json.dumps(res, default=str) + "\n")
+        (out / kind / f"{stem(name, batch, DTYPE)}.json").write_text(json.dumps(res, default=str) + "\n")
         return 0
     start = time.perf_counter()
     deadline = start + (args.deadline_s if args.deadline_s else float("inf"))
