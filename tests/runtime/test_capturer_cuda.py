@@ -184,3 +184,32 @@ def test_a_captured_schedule_dumps_its_cuda_graph(tmp_path):
     text = path.read_text()
     assert text.lstrip().startswith("digraph") and text.count("KERNEL") >= len(run.schedule.stream_of)
     torch.testing.assert_close(run(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_pytorch_layout_runs_depthwise_convolutions_on_pytorch_s_own_kernels(tmp_path):
+    """Inductor's layout (channels-last) sends depthwise convolutions to cuDNN, whose plans take seconds in each new
+    process; ``layout="pytorch"`` keeps the model's layout, where PyTorch runs them with its own kernels. Both equal
+    the model."""
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.runtime.fused import FusedBackend
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    c = 32
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(c, c, 3, padding=1, groups=c), torch.nn.ReLU(), torch.nn.Conv2d(c, 2 * c, 1), torch.nn.ReLU(),
+        torch.nn.Conv2d(2 * c, 2 * c, 3, padding=1, groups=2 * c), torch.nn.ReLU(), torch.nn.Conv2d(2 * c, c, 1),
+    ).cuda().eval()
+    x = torch.randn(1, c, 28, 28, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+    ran = {}
+    for layout in ("pytorch", "inductor"):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:  # the build runs them
+            backend = FusedBackend(model, [x], store=tmp_path / layout, layout=layout)
+        out = ParallelExecutor(backend, get_scheduler("sequential").schedule(backend.graph)).run()
+        torch.testing.assert_close(out[0], expected, rtol=1e-3, atol=1e-3)
+        ran[layout] = {e.key for e in prof.key_averages()}
+    assert "aten::_conv_depthwise2d" in ran["pytorch"], sorted(ran["pytorch"])
+    assert "aten::_conv_depthwise2d" not in ran["inductor"] and "aten::cudnn_convolution" in ran["inductor"], \
+        sorted(ran["inductor"])
