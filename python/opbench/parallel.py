@@ -360,6 +360,8 @@ class CapturedSchedule:
         combo = getattr(self.backend, "combo_regions", None)
         if combo:
             text += f"; {len(combo)} region{'s' * (len(combo) != 1)} with combo kernels"
+        if getattr(self.backend, "layout", "inductor") != "inductor":
+            text += f"; regions in {self.backend.layout}'s layout"
         return text
 
     def dump(self, path: str | Path) -> Path:

@@ -475,6 +475,11 @@ def test_the_pytorch_layout_compiles_without_layout_optimization_under_keys_of_i
     assert again.layout == "pytorch" and again.built == {"loaded": n} and len(seen) == 2 * n, (again.built, seen)
     torch.testing.assert_close(_greedy(again)[0], expected, rtol=1e-4, atol=1e-5)
     assert saved_cut({"regions": [["x"]]})["layout"] == "inductor"  # a schedule saved before layouts
+    from opbench.parallel import CapturedSchedule
+    from opbench.schedule import get_scheduler
+
+    text = str(CapturedSchedule(again, get_scheduler("sequential").schedule(again.graph), [], None))
+    assert text.endswith("; regions in pytorch's layout"), text
 
 
 def test_the_capturer_builds_a_saved_cut_in_its_saved_layout_and_otherwise_in_the_one_asked(monkeypatch):
