@@ -11,7 +11,14 @@ sequential and the greedy schedule of each in alternating rounds (CUDA Graph rep
 again from its store in new processes, alternating, and records where those later builds' seconds went
 (``FusedBackend.compile_seconds``: ``load``, ``run``). Writes ``OUT/exp_layout.json`` after every model.
 
+``--variants`` picks other Inductor settings to build the regions with, side by side in the same way
+(:data:`VARIANTS`): ``max_autotune`` lets Inductor time its Triton templates for convolutions and matrix products
+against the library kernels and take the faster (a template fuses the operators after it into its kernel), at a
+compile that times every candidate.
+
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
+        --variants channels_last,max_autotune --later 0
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
 
-LAYOUTS = {"channels_last": True, "pytorch": False}
+#: each variant's Inductor settings (``torch._inductor.config``) while its regions compile
+VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
+            "max_autotune": {"max_autotune": True}}
 
 
 def _model(name: str, batch: int, dtype: str, device: str) -> tuple[Any, Any]:
@@ -44,14 +53,15 @@ def _model(name: str, batch: int, dtype: str, device: str) -> tuple[Any, Any]:
 
 
 def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
-    """``FusedBackend(model)`` with Inductor's layout optimization as ``layout`` says, its regions kept in
-    ``store``; and its seconds."""
+    """``FusedBackend(model)`` with Inductor's settings as the variant ``layout`` says (:data:`VARIANTS`), its
+    regions kept in ``store`` and compiled in this process (the settings hold here, not in worker processes);
+    and its seconds."""
     import torch
 
     from opbench.runtime.fused import FusedBackend
 
     clock = time.perf_counter()
-    with torch._inductor.config.patch(layout_optimization=LAYOUTS[layout]):
+    with torch._inductor.config.patch(VARIANTS[layout]):
         backend = FusedBackend(model, [x], store=store, jobs=1)
     return backend, time.perf_counter() - clock
 
@@ -77,7 +87,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
         ref = model(x)
     row: dict[str, Any] = {"model": name, "batch": args.batch, "dtype": args.dtype, "variants": {}}
     runs: dict[tuple[str, str], Any] = {}
-    for layout in LAYOUTS:
+    for layout in args.variants:
         store = out / "stores" / f"{name}_{args.batch}_{args.dtype}_{layout}"
         backend, seconds = build(model, x, layout, store)
         variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built}
@@ -100,12 +110,12 @@ def measure(name: str, args: Any, out: Path) -> dict:
                 samples[key].append((time.perf_counter() - clock) * 1e3)
     for (layout, schedule), values in samples.items():
         row["variants"][layout][f"{schedule}_ms"] = statistics.median(values)
-    for layout in LAYOUTS:
+    for layout in args.variants:
         print(f"{name} {layout}: " + ", ".join(f"{k} {v:.4f}" for k, v in row["variants"][layout].items()
                                              if k.endswith("_ms")), flush=True)
-    later: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+    later: dict[str, list[dict]] = {layout: [] for layout in args.variants}
     for _ in range(args.later):
-        for layout in LAYOUTS:
+        for layout in args.variants:
             cmd = [sys.executable, __file__, "--out", str(out), "--models", name, "--batch", str(args.batch),
                    "--dtype", args.dtype, "--device", args.device, "--later-build", layout]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
@@ -114,7 +124,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
             except (IndexError, ValueError):
                 later[layout].append({"error": (done.stderr or done.stdout).strip().splitlines()[-1:]})
             print(f"{name} {layout} later build: {json.dumps(later[layout][-1])[:300]}", flush=True)
-    for layout, builds in later.items():
+    for layout, builds in later.items() if args.later else ():
         row["variants"][layout]["later_builds"] = builds
         ok = [b for b in builds if "regions_s" in b]
         if ok:
@@ -130,9 +140,15 @@ def main() -> int:
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
     parser.add_argument("--later", type=int, default=2, help="later builds of each variant, in new processes")
-    parser.add_argument("--later-build", choices=LAYOUTS, help=argparse.SUPPRESS)  # one, in this new process
+    parser.add_argument("--variants", default="channels_last,pytorch",
+                        help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--later-build", choices=VARIANTS, help=argparse.SUPPRESS)  # one, in this new process
     args = parser.parse_args()
     models = checked_models(args)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        parser.error(f"unknown --variants {','.join(unknown)!r} (accepted: {', '.join(VARIANTS)})")
     out = Path(args.out)
     if args.later_build:
         store = out / "stores" / f"{models[0]}_{args.batch}_{args.dtype}_{args.later_build}"
