@@ -52,6 +52,12 @@ learning curve, beside MetaSchedule's own losses and MLP cost model on the same 
 
     PYTHONPATH=python python3 scripts/bench_predict.py --part records --out data/benchmarks
 
+``--part ceiling`` (any machine) predicts each model operator that another model's run measured too (same
+task, batch and dtype) by those other measurements: the MAPE and share within +-10 % that a predictor knowing
+each operator's true time would reach against the runs' noise, the latency predictor's ceiling one model out.
+
+    PYTHONPATH=python python3 scripts/bench_predict.py --part ceiling --out data/benchmarks
+
 ``--part precision`` (any machine) trains on the float16/bfloat16 rows (``--half-dataset``): the
 latency and co-run predictors with one model held out at a time (all its batch sizes and
 precisions), and the transfer from float32: a latency predictor fit on ``--dataset``'s float32 rows
@@ -435,6 +441,41 @@ def noise_ceiling(folder: str, tasks: set[str]) -> dict:
     return {"pairs": pairs, "pairs_within_spread": share, "pairwise_ceiling": 1.0 - share / 2}
 
 
+def ceiling(args: argparse.Namespace) -> dict:
+    """How far a latency predictor held out by model can get at best: each model operator of ``--dataset``
+    (and ``--half-dataset``) whose task, batch and dtype another model's run measured too, predicted by the median
+    of those other measurements (the best a predictor that knows the operator's true time could do against a
+    measurement of another run). Its MAPE and share within +-10 % are a ceiling for the latency predictor's
+    one-model-out figures, and the pairs that disagree most show where the runs differ."""
+    import statistics
+    from collections import defaultdict
+
+    import opbench
+
+    out: dict = {}
+    for name, path in (("float32", args.dataset), ("half", args.half_dataset)):
+        ops = opbench.load(path)
+        ops = ops[(ops["status"] == "ok") & (ops["config"] == "default") & (ops["source"] == "local")]
+        by_task: dict[tuple, dict[str, float]] = defaultdict(dict)
+        for row in ops.itertuples():  # a model measures a task once: its rows of that task share the figure
+            by_task[(row.task, row.batch_size, row.dtype)].setdefault(row.model, float(row.latency_median_s))
+        errors, worst = [], []
+        for row in ops.itertuples():
+            others = [v for model, v in by_task[(row.task, row.batch_size, row.dtype)].items() if model != row.model]
+            if others:
+                error = abs(statistics.median(others) / float(row.latency_median_s) - 1)
+                errors.append(error)
+                worst.append((error, row.model, row.kind, float(row.latency_median_s) * 1e6))
+        worst.sort(reverse=True)
+        out[name] = {"dataset": shown(path), "operators": len(ops), "with_another_run": len(errors),
+                     "mape": statistics.mean(errors) if errors else None,
+                     "within_10pct": sum(e <= 0.1 for e in errors) / len(errors) if errors else None,
+                     "worst": [{"error": e, "model": m, "kind": k, "measured_us": t} for e, m, k, t in worst[:10]]}
+        print(f"{name}: {len(errors)} of {len(ops)} operators measured by another model's run too; predicted by "
+              f"those: MAPE {out[name]['mape']:.2%}, {out[name]['within_10pct']:.1%} within +-10 %", flush=True)
+    return out
+
+
 def records(args: argparse.Namespace) -> dict:
     """The trials cost model on a records folder (``--records``): held-out models whose tasks no training
     model shares, by dtype, and a learning curve (each fold trained on at most N records)."""
@@ -487,7 +528,7 @@ def records(args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", required=True, choices=["metrics", "schedules", "pretrained", "precision", "records",
-                                                                 "search", "corun"])
+                                                                 "search", "corun", "ceiling"])
     parser.add_argument("--records", default=str(ROOT / "data" / "dataset"), help="--part records: the folder")
     parser.add_argument("--exclude", default="resnet-50",
                         help="--part records: models left out with every task they use (tuned later with the "
@@ -535,7 +576,7 @@ def main() -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a time limit's SIGTERM stops a part as Ctrl-C does
     parts = {"metrics": metrics, "schedules": schedules, "pretrained": pretrained, "precision": precision,
-             "records": records, "search": search, "corun": corun}
+             "records": records, "search": search, "corun": corun, "ceiling": ceiling}
     result = parts[args.part](args)
     if args.part == "schedules":
         try:
