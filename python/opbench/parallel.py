@@ -34,7 +34,7 @@ from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.fused import check_layout
+from .runtime.fused import DEFAULT_LAYOUT, check_layout
 from .runtime.graphs import (
     COMBO_ROW,
     COMPILE_ROW,
@@ -108,7 +108,7 @@ class CaptureOptions:
     kernels: str = "aten"
     compiled: bool | Sequence[str] | None = None
     cut: str = "auto"
-    layout: str = "inductor"
+    layout: str = DEFAULT_LAYOUT
     sm_partition: str = "off"
     dtype: str | None = None
     trace: str | Path | None = None
@@ -219,7 +219,7 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
     return _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
                                        "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
                                        "compiled": o.compiled}
-                       | ({"layout": o.layout} if o.layout != "inductor" else {}))
+                       | ({"layout": o.layout} if o.layout != DEFAULT_LAYOUT else {}))
 
 
 def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
@@ -360,7 +360,7 @@ class CapturedSchedule:
         combo = getattr(self.backend, "combo_regions", None)
         if combo:
             text += f"; {len(combo)} region{'s' * (len(combo) != 1)} with combo kernels"
-        if getattr(self.backend, "layout", "inductor") != "inductor":
+        if getattr(self.backend, "layout", DEFAULT_LAYOUT) != DEFAULT_LAYOUT:
             text += f"; regions in {self.backend.layout}'s layout"
         return text
 

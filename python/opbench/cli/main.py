@@ -500,6 +500,8 @@ def _print_comparison(result: Any, args: argparse.Namespace) -> dict[str, Any]:
 def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
     """One rule for every option of ``compare`` that does not apply to the run asked for: it is refused (one
     line, exit 2, before any work), never ignored."""
+    from ..pipeline.compile import saved_cut as saved_cut_fields
+
     backend, kernels = getattr(args, "backend", "tvm"), getattr(args, "kernels", "aten")
     cut, torch_compile = getattr(args, "cut", "auto"), getattr(args, "torch_compile", False)
     fused = backend == "fused" or (backend == "torch" and kernels == "fused")
@@ -526,7 +528,7 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
     if saved_cut and cut not in ("auto", saved_cut):
         raise OpBenchError(f"--cut {cut}, but the schedule was saved with its regions cut '{saved_cut}' "
                            f"(accepted: --cut {saved_cut} or auto, which reuses the saved regions)")
-    saved_layout = (schedule.meta.get("layout") or "inductor") if saved_cut else None
+    saved_layout = saved_cut_fields(schedule.meta).get("layout") if saved_cut else None
     if saved_layout and layout not in (None, saved_layout):
         raise OpBenchError(f"--layout {layout}, but the schedule's regions were compiled in layout '{saved_layout}' "
                            f"(accepted: --layout {saved_layout}, or no --layout, which reuses the saved one)")
@@ -536,10 +538,11 @@ def compare_job(args: argparse.Namespace, options: Any) -> Any:
     """The :class:`~opbench.pipeline.compare_job.CompareJob` that ``compare``'s flags describe."""
     from ..pipeline.compare_job import CompareJob
     from ..pipeline.compile import BackendSpec, merge_mode
+    from ..runtime.fused import DEFAULT_LAYOUT
 
     database = _database_dir(args, "") if args.backend == "tvm" else None
     backend = BackendSpec(args.backend, args.kernels, merge_mode(args.merge), args.cut,
-                          compiled=True if args.torch_compile else None, layout=args.layout or "inductor",
+                          compiled=True if args.torch_compile else None, layout=args.layout or DEFAULT_LAYOUT,
                           repeat=args.compare_repeat,
                           number=args.compare_number)
     return CompareJob(model_spec(args), args.target, backend, options, None if database is None else str(database))

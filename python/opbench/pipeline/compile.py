@@ -30,6 +30,7 @@ from ..models import Workload
 from ..profile.schedule import median, merge_cost, time_ops
 from ..runtime import BuiltModule, OperatorKernels, build_module
 from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
+from ..runtime.fused import DEFAULT_LAYOUT
 from ..runtime.target import tuning_target
 from .spec import Spec, SpecError, check_positive, overridden
 
@@ -206,7 +207,7 @@ class BackendSpec(Spec):
     compiled: bool | None = None
     combo: bool = False
     combo_regions: tuple[int, ...] | None = None
-    layout: str = "inductor"
+    layout: str = DEFAULT_LAYOUT
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
@@ -293,7 +294,7 @@ def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
     if not regions:
         return {}
     return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ()),
-            "layout": meta.get("layout") or "inductor"}
+            "layout": meta.get("layout") or DEFAULT_LAYOUT}
 
 
 #: how much faster (relative median) a region's combo-kernel code must run to be kept over its default code: at a

@@ -68,6 +68,9 @@ COMBO_FROM = 32
 #: mobilenet_v3_large and nasnet, 2.3-2.7 s of a 5.3-7.9 s rebuild, H200); in their own layout its own depthwise
 #: kernels run them, which need no plan (rebuilds of 2.2-5.0 s), at a cost in speed (2-5 %, same models)
 LAYOUTS = ("inductor", "pytorch")
+#: the layout regions are compiled in unless asked otherwise (and that of a schedule saved before layouts); keys and
+#: cache keys name only another one, so that code stored before layouts is found again
+DEFAULT_LAYOUT = LAYOUTS[0]
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
@@ -213,10 +216,10 @@ def check_layout(layout: str) -> str:
 
 def _variant(combo: bool, layout: str) -> dict[str, Any]:
     """What a key adds for code compiled otherwise than by default: combo kernels, another layout."""
-    return ({"combo": True} if combo else {}) | ({"layout": layout} if layout != LAYOUTS[0] else {})
+    return ({"combo": True} if combo else {}) | ({"layout": layout} if layout != DEFAULT_LAYOUT else {})
 
 
-def _region_key(graph: Any, values: Sequence[Any], combo: bool = False, layout: str = LAYOUTS[0]) -> str:
+def _region_key(graph: Any, values: Sequence[Any], combo: bool = False, layout: str = DEFAULT_LAYOUT) -> str:
     """The stored artifact's key: the ATen graph's code, its values' metadata (:func:`_meta`), the device's name,
     the torch version and :data:`REGION_FORMAT`, and whether it was compiled with combo kernels or in another
     layout (:data:`LAYOUTS`)."""
@@ -266,7 +269,7 @@ def _module_key(module: Any) -> list[Any]:
             for name, m in module.named_modules()] + [repr(module)]
 
 
-def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: str = LAYOUTS[0]) -> str | None:
+def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: str = DEFAULT_LAYOUT) -> str | None:
     """A key of a region as traced by ``torch.fx``, computed without tracing it to ATen: its nodes in order, each
     with its operation, its target (a module by :func:`_module_key`, not by name, so that regions of one structure
     share a key; a function by its qualified name) and its arguments (earlier nodes by position), and the metadata
@@ -379,7 +382,7 @@ class RegionCompiler:
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
 
-    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = LAYOUTS[0]) -> None:
+    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT) -> None:
         self.folder, self.jobs, self.combo, self.layout = folder, jobs, combo, check_layout(layout)
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
@@ -767,12 +770,12 @@ def _region_index(name: str) -> int:
     return int(name.rsplit("_", 1)[1])
 
 
-def _inductor_options(combo: bool = False, layout: str = LAYOUTS[0]) -> dict[str, Any]:
+def _inductor_options(combo: bool = False, layout: str = DEFAULT_LAYOUT) -> dict[str, Any]:
     """Inductor's settings for code with combo kernels (``combo``) and in ``layout`` (:data:`LAYOUTS`)."""
     return ({"combo_kernels": True} if combo else {}) | ({"layout_optimization": False} if layout == "pytorch" else {})
 
 
-def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool, layout: str = LAYOUTS[0]) -> Any:
+def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool, layout: str = DEFAULT_LAYOUT) -> Any:
     """``graph`` (ATen) compiled by Inductor for ``values``, with combo kernels when ``combo``, in ``layout``."""
     import torch
 
@@ -780,7 +783,8 @@ def _standalone_compile(graph: Any, values: Sequence[Any], combo: bool, layout: 
         return torch._inductor.standalone_compile(graph, list(values), dynamic_shapes="from_example_inputs")
 
 
-def compile_region(region: Any, inputs: Sequence[Any], name: str, layout: str = LAYOUTS[0]) -> tuple[Any, str | None]:
+def compile_region(region: Any, inputs: Sequence[Any], name: str,
+                   layout: str = DEFAULT_LAYOUT) -> tuple[Any, str | None]:
     """``region`` compiled by ``torch.compile`` (Dynamo, then Inductor; convolutions in ``layout``) and run once on
     ``inputs`` (compiling it), or the region itself with the reason when Inductor cannot compile it."""
     import torch
@@ -908,7 +912,7 @@ class FusedBackend(TorchBackend):
                  regions: Sequence[Sequence[str]] | None = None, trace: str = "auto",
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
                  merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
-                 jobs: int | None = None, combo: bool | Sequence[int] = False, layout: str = LAYOUTS[0]) -> None:
+                 jobs: int | None = None, combo: bool | Sequence[int] = False, layout: str = DEFAULT_LAYOUT) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -1058,4 +1062,5 @@ class FusedBackend(TorchBackend):
 
 
 # fx_module: opbench.ir.torch_graph's
-__all__ = ["LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler", "check_layout", "compile_region", "fx_module"]
+__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler", "check_layout",
+           "compile_region", "fx_module"]
