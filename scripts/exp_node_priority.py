@@ -1,0 +1,224 @@
+"""Do CUDA priorities for the critical path's kernels, honoured inside the CUDA Graph, close the fused gap?
+
+``capturer(kernels="fused")`` stays 19-36 % above the critical path of its regions (googlenet, inception_v3,
+nasnet, batch 1): the path's regions run 1.3-1.4 times slower beside the other branches than alone
+(``scripts/exp_gap.py --backend fused``). An earlier experiment gave the streams of the path a higher CUDA stream
+priority and saw no change (``scripts/exp_priority.py``), but it replayed CUDA Graphs, and a graph runs every kernel
+at the priority of the stream it is launched into unless it is instantiated with
+``cudaGraphInstantiateFlagUseNodePriority``; the priorities captured from the streams are kept in the kernel nodes
+and ignored otherwise. This script builds the fused regions (``FusedBackend``), times each region alone, makes the
+schedules of greedy (3 and 4 streams), Nimble and Opara, and runs each in four ways:
+
+- ``own``: the executor as the capturer runs it;
+- ``own, node priority``: the same capture instantiated with the flag (a control: no priorities were captured);
+- ``urgent``: each region of the urgent set launched on a high-priority twin of its stream (the order on each
+  stream is kept by events), replayed as PyTorch instantiates it (the priorities ignored, by CUDA's rule above);
+- ``urgent, node priority``: the same capture instantiated with the flag.
+
+The urgent set is the critical path (``path``) or every region whose longest way through it is at least S times
+the path's (``near-S``, S = 0.9 by default: ``--near``). Every variant's outputs are checked against the sequential
+run; all are timed in alternating rounds (medians of CUDA-event samples) beside the critical path run alone as a
+chain. Writes
+``OUT/exp_node_priority.json`` after every model. Needs ``cuda-bindings``.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_node_priority.py --out out --models googlenet,nasnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
+from bench_fused import relative_err
+
+sys.path.insert(0, str(ROOT / "python"))
+
+#: cudaGraphInstantiateFlagUseNodePriority
+USE_NODE_PRIORITY = 8
+#: the schedules this script can make (greedy with 3 and 4 streams)
+SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
+
+
+def _checked(result: Any, call: str) -> Any:
+    """The value of a ``cuda.bindings`` call, or a RuntimeError naming it."""
+    from cuda.bindings import runtime
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"{call} failed: {getattr(err, 'name', err)}")
+    return values[0] if values else None
+
+
+class NodePriorityGraph:
+    """A kept CUDA Graph template instantiated again with ``cudaGraphInstantiateFlagUseNodePriority``."""
+
+    def __init__(self, graph: Any) -> None:
+        from cuda.bindings import runtime
+
+        self.graph = graph  # keeps the template alive
+        self.exec = _checked(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), USE_NODE_PRIORITY),
+                             "cudaGraphInstantiateWithFlags")
+
+    def replay(self) -> None:
+        import torch
+        from cuda.bindings import runtime
+
+        _checked(runtime.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), "cudaGraphLaunch")
+
+
+def _urgent_executor(backend: Any, plan: Any, urgent: set[int], high: int) -> Any:
+    """A :class:`ParallelExecutor` that launches the ``urgent`` operators on a twin of their stream made with
+    priority ``high`` (each stream's order kept by an event between its two twins)."""
+    import torch
+
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.runtime.graphs import fork_join
+
+    class UrgentExecutor(ParallelExecutor):
+        def launch_all(self, origin: Any, around: Any = None) -> None:
+            if not self._streams:
+                self._streams = {(s, p): torch.cuda.Stream(priority=p)
+                                 for s in sorted(set(self.schedule.stream_of)) for p in (0, high)}
+
+            def body() -> None:
+                done: dict[int, Any] = {}
+                last: dict[int, tuple[Any, Any]] = {}
+                for op in self.schedule.order:
+                    s = self.schedule.stream_of[op]
+                    stream = self._streams[(s, high if op in urgent else 0)]
+                    if s in last and last[s][0] is not stream:
+                        stream.wait_event(last[s][1])
+                    for u in self._waits[op]:
+                        stream.wait_event(done[u])
+                    with self.backend.on_stream(stream):
+                        self.backend.launch(op)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    done[op] = event
+                    last[s] = (stream, event)
+
+            fork_join(origin, list(self._streams.values()), body)
+
+    return UrgentExecutor(backend, plan)
+
+
+def through(graph: Any, alone: list[float]) -> list[float]:
+    """Each operator's longest way from the start to the end through it, by the ``alone`` times."""
+    n = len(graph)
+    head, tail = [0.0] * n, [0.0] * n
+    for op in range(n):  # indices are a topological order
+        head[op] = max((head[p] for p in graph.preds(op)), default=0.0) + alone[op]
+    for op in reversed(range(n)):
+        tail[op] = max((tail[s] for s in graph.succs(op)), default=0.0) + alone[op]
+    return [head[op] + tail[op] - alone[op] for op in range(n)]
+
+
+def measure(name: str, args: Any) -> dict:
+    """The schedules of ``name``'s fused regions with and without priorities for the urgent regions."""
+    import torch
+
+    from opbench.models import get_source
+    from opbench.pipeline.compare import critical_path
+    from opbench.pipeline.costs import operator_latencies, scheduling_cost
+    from opbench.profile.timer import cuda_event_samples
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.runtime.fused import FusedBackend
+    from opbench.runtime.graphs import capture_graph
+    from opbench.schedule import Greedy, Nimble, Opara, Sequential
+
+    torch.manual_seed(0)
+    model, x = get_source("local").torch_model(name, args.batch, dtype=args.dtype)
+    model, x = model.to(args.device).eval(), x.to(args.device)
+    clock = time.perf_counter()
+    backend = FusedBackend(model, [x])
+    row: dict[str, Any] = {"model": name, "batch": args.batch, "dtype": args.dtype,
+                           "build_s": time.perf_counter() - clock, "regions": len(backend.regions)}
+    alone = operator_latencies(backend, args.repeat, args.number)
+    cost = scheduling_cost(backend, alone)
+    bound = critical_path(backend, args.repeat, args.number, alone)
+    ways = through(backend.graph, alone)
+    longest = max(ways)
+    sets = {"path": set(bound["ops"])} | {f"near-{share:g}": {op for op, w in enumerate(ways) if w >= share * longest}
+                                          for share in args.near}
+    low, high = torch.cuda.Stream.priority_range()
+    row |= {"chain_ms": bound["chain_ms"], "urgent_regions": {k: len(v) for k, v in sets.items()},
+            "priority_range": [low, high]}
+    reference = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
+    reference = (reference[0] if isinstance(reference, list | tuple) else reference).detach().clone()
+    runs: dict[str, Any] = {}
+
+    def add(label: str, executor: Any, node_priority: bool) -> None:
+        executor.cuda_graph = capture_graph(executor.launch_all, keep=True)
+        graph = NodePriorityGraph(executor.cuda_graph.graph) if node_priority else executor.cuda_graph
+        backend_out = executor.backend.outputs
+        graph.replay()
+        torch.cuda.synchronize()
+        out = backend_out()
+        out = out[0] if isinstance(out, list | tuple) else out
+        runs[label] = {"replay": graph.replay, "err": relative_err(out, reference), "samples": [], "keep": executor}
+
+    made = {"greedy-3": Greedy(3), "greedy-4": Greedy(4), "nimble": Nimble(), "opara": Opara()}
+    for label in args.schedulers:
+        plan = made[label].schedule(backend.graph, cost)
+        add(label, ParallelExecutor(backend, plan), False)
+        add(f"{label}, node priority", ParallelExecutor(backend, plan), True)
+        for which, urgent in sets.items():
+            add(f"{label}, {which} urgent", _urgent_executor(backend, plan, urgent, high), False)
+            add(f"{label}, {which} urgent, node priority", _urgent_executor(backend, plan, urgent, high), True)
+    for _ in range(args.rounds):  # alternating: every variant once a round
+        for run in runs.values():
+            run["samples"].append(statistics.median(cuda_event_samples(run["replay"], args.repeat, args.number)) * 1e3)
+    row["variants"] = {label: {"ms": statistics.median(run["samples"]), "err": run["err"]}
+                       for label, run in runs.items()}
+    for label, v in row["variants"].items():
+        print(f"{name}: {label:<40} {v['ms']:.4f} ms ({v['ms'] / row['chain_ms'] - 1:+.1%} over the chain)  "
+              f"err {v['err']:.1e}", flush=True)
+    plain = {k: v["ms"] for k, v in row["variants"].items() if "," not in k}
+    best = {k: v["ms"] for k, v in row["variants"].items() if k.endswith("urgent, node priority")}
+    row["best_own"], row["best_urgent"] = min(plain, key=plain.get), min(best, key=best.get)
+    row["gap_own"] = plain[row["best_own"]] / row["chain_ms"] - 1
+    row["gap_urgent"] = best[row["best_urgent"]] / row["chain_ms"] - 1
+    print(f"{name}: chain {row['chain_ms']:.4f} ms; best own {row['best_own']} ({row['gap_own']:+.1%}), best with "
+          f"node priorities {row['best_urgent']} ({row['gap_urgent']:+.1%})", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_device_args(parser, "googlenet,inception_v3,nasnet")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+    parser.add_argument("--near", default="0.9", help="comma-separated shares: a 'near-S' urgent set for each, of the "
+                        "regions whose longest way through them is at least S times the critical path's")
+    parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
+                        help=f"comma-separated, of: {', '.join(SCHEDULERS)}")
+    args = parser.parse_args()
+    raw, args.near = args.near, []
+    try:
+        args.near = [float(v) for v in raw.split(",")]
+    except ValueError:
+        pass
+    if not args.near or not all(0 < v <= 1 for v in args.near):
+        parser.error(f"--near {raw!r}: accepted: comma-separated shares above 0 and at most 1, e.g. 0.8,0.9")
+    args.schedulers = args.schedulers.split(",")
+    unknown = [s for s in args.schedulers if s not in SCHEDULERS]
+    if unknown:
+        parser.error(f"unknown --schedulers {','.join(unknown)!r} (accepted: {', '.join(SCHEDULERS)})")
+    if args.device != "cuda":
+        parser.error(f"--device {args.device!r}: CUDA priorities need a GPU (accepted: cuda)")
+    models = checked_models(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    measure_each(models, experiment_doc("exp_node_priority.py", args.device), out / "exp_node_priority.json",
+                 lambda name: measure(name, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
