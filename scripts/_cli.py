@@ -34,6 +34,14 @@ def model_device_args(parser: Any, models: str, dtype: bool = True) -> None:
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
 
 
+def timing_args(parser: Any) -> None:
+    """``--repeat``, ``--number`` and ``--rounds`` of an experiment that times variants side by side: each round
+    takes ``repeat`` samples of ``number`` runs of every variant in turn."""
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+
+
 def checked_models(args: Any) -> list[str]:
     """``args.models`` as a list of zoo models after :func:`model_device_args`'s options are checked: a bad
     ``--dtype``, ``--device`` or model, or no model at all, stops with one line (:func:`bad_input`)."""

@@ -24,23 +24,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
 
 
-def measure(name: str, args: Any) -> dict:
-    """The schedules of ``name``'s fused regions in their own and in critical-first order, timed side by side."""
+def fused_regions(name: str, args: Any) -> tuple[Any, list[float], Any, dict, dict]:
+    """``name``'s fused regions (``FusedBackend``, as the capturer compiles them), each region's time alone, the
+    scheduling cost over those times, the critical path (``pipeline.compare.critical_path``) and the row that
+    starts the model's result (build seconds, regions, the chain's time)."""
     import torch
 
     from opbench.models import get_source
     from opbench.pipeline.compare import critical_path
     from opbench.pipeline.costs import operator_latencies, scheduling_cost
-    from opbench.profile.timer import cuda_event_samples
-    from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
-    from opbench.schedule import Greedy, Nimble, Opara, Sequential, critical_first
 
     torch.manual_seed(0)
     model, x = get_source("local").torch_model(name, args.batch, dtype=args.dtype)
@@ -54,6 +53,16 @@ def measure(name: str, args: Any) -> dict:
     bound = critical_path(backend, args.repeat, args.number, alone)
     row |= {"chain_ms": bound["chain_ms"], "path_ms": bound["path_ms"], "sum_alone_ms": bound["sum_ms"],
             "path_regions": len(bound["ops"])}
+    return backend, alone, cost, bound, row
+
+
+def measure(name: str, args: Any) -> dict:
+    """The schedules of ``name``'s fused regions in their own and in critical-first order, timed side by side."""
+    from opbench.profile.timer import cuda_event_samples
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import Greedy, Nimble, Opara, Sequential, critical_first
+
+    backend, _, cost, bound, row = fused_regions(name, args)
     runs: dict[str, Any] = {}
     reference = None
     for scheduler in (Sequential(), Greedy(2), Greedy(3), Greedy(4), Nimble(), Opara()):
@@ -97,9 +106,7 @@ def measure(name: str, args: Any) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_device_args(parser, "googlenet,inception_v3,nasnet")
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+    timing_args(parser)
     args = parser.parse_args()
     models = checked_models(args)
     out = Path(args.out)

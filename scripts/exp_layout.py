@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
 from bench_fused import relative_err
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -136,9 +136,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_device_args(parser, "mobilenet_v3_large,nasnet")
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+    timing_args(parser)
     parser.add_argument("--later", type=int, default=2, help="later builds of each variant, in new processes")
     parser.add_argument("--variants", default="channels_last,pytorch",
                         help=f"comma-separated, of: {', '.join(VARIANTS)}")

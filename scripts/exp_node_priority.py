@@ -29,12 +29,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
 from bench_fused import relative_err
+from exp_launch_order import fused_regions
 
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -122,32 +122,18 @@ def measure(name: str, args: Any) -> dict:
     """The schedules of ``name``'s fused regions with and without priorities for the urgent regions."""
     import torch
 
-    from opbench.models import get_source
-    from opbench.pipeline.compare import critical_path
-    from opbench.pipeline.costs import operator_latencies, scheduling_cost
     from opbench.profile.timer import cuda_event_samples
     from opbench.runtime.executor import ParallelExecutor
-    from opbench.runtime.fused import FusedBackend
     from opbench.runtime.graphs import capture_graph
     from opbench.schedule import Greedy, Nimble, Opara, Sequential
 
-    torch.manual_seed(0)
-    model, x = get_source("local").torch_model(name, args.batch, dtype=args.dtype)
-    model, x = model.to(args.device).eval(), x.to(args.device)
-    clock = time.perf_counter()
-    backend = FusedBackend(model, [x])
-    row: dict[str, Any] = {"model": name, "batch": args.batch, "dtype": args.dtype,
-                           "build_s": time.perf_counter() - clock, "regions": len(backend.regions)}
-    alone = operator_latencies(backend, args.repeat, args.number)
-    cost = scheduling_cost(backend, alone)
-    bound = critical_path(backend, args.repeat, args.number, alone)
+    backend, alone, cost, bound, row = fused_regions(name, args)
     ways = through(backend.graph, alone)
     longest = max(ways)
     sets = {"path": set(bound["ops"])} | {f"near-{share:g}": {op for op, w in enumerate(ways) if w >= share * longest}
                                           for share in args.near}
     low, high = torch.cuda.Stream.priority_range()
-    row |= {"chain_ms": bound["chain_ms"], "urgent_regions": {k: len(v) for k, v in sets.items()},
-            "priority_range": [low, high]}
+    row |= {"urgent_regions": {k: len(v) for k, v in sets.items()}, "priority_range": [low, high]}
     reference = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
     reference = (reference[0] if isinstance(reference, list | tuple) else reference).detach().clone()
     runs: dict[str, Any] = {}
@@ -191,9 +177,7 @@ def measure(name: str, args: Any) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_device_args(parser, "googlenet,inception_v3,nasnet")
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--number", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
+    timing_args(parser)
     parser.add_argument("--near", default="0.9", help="comma-separated shares: a 'near-S' urgent set for each, of the "
                         "regions whose longest way through them is at least S times the critical path's")
     parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
