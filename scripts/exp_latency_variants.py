@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -45,29 +44,24 @@ VARIANTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 SPLITS = ((100, 0), (5, 0), (5, 1), (5, 2))
 
 
-def _unlog(value: float) -> float:
-    """The value behind a ``log2(v + 1)`` feature."""
-    return 2.0 ** value - 1.0 if value == value else math.nan
+def extra_columns(x: Any, names: list[str], groups: tuple[str, ...]) -> Any:
+    """The extra columns, derived from an operator matrix ``x`` with columns ``names`` (graph + launch features):
+    ``waves`` (log2 of the waves of thread blocks at one block per SM, and the last wave's fill), ``per_thread``
+    (log2 of output elements, FLOPs and bytes per launched thread); NaN where the launch is unknown."""
+    import numpy as np
 
+    def unlog(name: str) -> Any:  # the value behind a ``log2(v + 1)`` feature
+        return 2.0 ** x[:, names.index(name)] - 1.0
 
-def extra_columns(op: dict[str, Any], groups: tuple[str, ...]) -> list[float]:
-    """The extra columns of one operator: ``waves`` (log2 of the waves of thread blocks at one block per SM, and
-    the last wave's fill), ``per_thread`` (log2 of output elements, FLOPs and bytes per launched thread)."""
-    from opbench.predict.features import graph_feature_names, graph_features, kernel_features
-
-    launch = kernel_features(op)
-    blocks, total = _unlog(launch[0]), _unlog(launch[2])
-    graph = dict(zip(graph_feature_names(), graph_features(op), strict=True))
-    cols: list[float] = []
+    blocks, total = unlog("log2_blocks"), unlog("log2_threads_total")
+    cols = []
     if "waves" in groups:
-        known = blocks == blocks
-        cols += [math.log2(blocks / SMS + 1.0) if known else math.nan,
-                 ((blocks % SMS) / SMS or 1.0) if known else math.nan]
+        rest = np.mod(blocks, SMS)
+        cols += [np.log2(blocks / SMS + 1.0), np.where(np.isnan(blocks), np.nan, np.where(rest == 0, 1.0, rest / SMS))]
     if "per_thread" in groups:
-        for name in ("log2_out_elems", "log2_flops", "log2_bytes"):
-            per = _unlog(graph[name]) / total if total and total == total else math.nan
-            cols.append(math.log2(per + 1.0) if per == per else math.nan)
-    return cols
+        threads = np.where(total > 0, total, np.nan)
+        cols += [np.log2(unlog(name) / threads + 1.0) for name in ("log2_out_elems", "log2_flops", "log2_bytes")]
+    return np.column_stack(cols)
 
 
 def run(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -75,6 +69,7 @@ def run(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     import numpy as np
 
     from opbench.predict import base, latency
+    from opbench.predict.features import operator_feature_names
 
     params, groups = VARIANTS[name]
     plain_matrix, plain_regressor = latency.operator_matrix, latency.xgb_regressor
@@ -83,8 +78,7 @@ def run(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         x = plain_matrix(ops, feature_set)
         if not groups or feature_set == "graph":
             return x
-        extra = np.asarray([extra_columns(op, groups) for op in ops], dtype="float64").reshape(len(ops), -1)
-        return np.hstack([x, extra])
+        return np.hstack([x, extra_columns(x, operator_feature_names(feature_set), groups)])
 
     latency.operator_matrix = matrix
     latency.xgb_regressor = functools.partial(base.xgb_regressor, **params)

@@ -18,8 +18,7 @@ schedules of greedy (3 and 4 streams), Nimble and Opara, and runs each in four w
 The urgent set is the critical path (``path``) or every region whose longest way through it is at least S times
 the path's (``near-S``, S = 0.9 by default: ``--near``). Every variant's outputs are checked against the sequential
 run; all are timed in alternating rounds (medians of CUDA-event samples) beside the critical path run alone as a
-chain. Writes
-``OUT/exp_node_priority.json`` after every model. Needs ``cuda-bindings``.
+chain. Writes ``OUT/exp_node_priority.json`` after every model. Needs ``cuda-bindings``.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_node_priority.py --out out --models googlenet,nasnet
 """
@@ -44,31 +43,25 @@ USE_NODE_PRIORITY = 8
 SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
 
 
-def _checked(result: Any, call: str) -> Any:
-    """The value of a ``cuda.bindings`` call, or a RuntimeError naming it."""
-    from cuda.bindings import runtime
-
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if err != runtime.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"{call} failed: {getattr(err, 'name', err)}")
-    return values[0] if values else None
-
-
 class NodePriorityGraph:
     """A kept CUDA Graph template instantiated again with ``cudaGraphInstantiateFlagUseNodePriority``."""
 
     def __init__(self, graph: Any) -> None:
         from cuda.bindings import runtime
 
+        from opbench.runtime.green import _check
+
         self.graph = graph  # keeps the template alive
-        self.exec = _checked(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), USE_NODE_PRIORITY),
+        self.exec = _check(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), USE_NODE_PRIORITY),
                              "cudaGraphInstantiateWithFlags")
 
     def replay(self) -> None:
         import torch
         from cuda.bindings import runtime
 
-        _checked(runtime.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), "cudaGraphLaunch")
+        from opbench.runtime.green import _check
+
+        _check(runtime.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), "cudaGraphLaunch")
 
 
 def _urgent_executor(backend: Any, plan: Any, urgent: set[int], high: int) -> Any:
@@ -108,14 +101,15 @@ def _urgent_executor(backend: Any, plan: Any, urgent: set[int], high: int) -> An
 
 
 def through(graph: Any, alone: list[float]) -> list[float]:
-    """Each operator's longest way from the start to the end through it, by the ``alone`` times."""
-    n = len(graph)
-    head, tail = [0.0] * n, [0.0] * n
-    for op in range(n):  # indices are a topological order
+    """Each operator's longest way from the start to the end through it, by the ``alone`` times: its longest way
+    from the start (itself included) plus its upward rank (``schedule.order.upward_ranks``) less itself."""
+    from opbench.schedule.order import upward_ranks
+
+    head = [0.0] * len(graph)
+    for op in range(len(graph)):  # indices are a topological order
         head[op] = max((head[p] for p in graph.preds(op)), default=0.0) + alone[op]
-    for op in reversed(range(n)):
-        tail[op] = max((tail[s] for s in graph.succs(op)), default=0.0) + alone[op]
-    return [head[op] + tail[op] - alone[op] for op in range(n)]
+    tail = upward_ranks(graph, alone.__getitem__)
+    return [head[op] + tail[op] - alone[op] for op in range(len(graph))]
 
 
 def measure(name: str, args: Any) -> dict:
@@ -141,10 +135,9 @@ def measure(name: str, args: Any) -> dict:
     def add(label: str, executor: Any, node_priority: bool) -> None:
         executor.cuda_graph = capture_graph(executor.launch_all, keep=True)
         graph = NodePriorityGraph(executor.cuda_graph.graph) if node_priority else executor.cuda_graph
-        backend_out = executor.backend.outputs
         graph.replay()
         torch.cuda.synchronize()
-        out = backend_out()
+        out = executor.backend.outputs()
         out = out[0] if isinstance(out, list | tuple) else out
         runs[label] = {"replay": graph.replay, "err": relative_err(out, reference), "samples": [], "keep": executor}
 
