@@ -39,20 +39,23 @@ sys.path.insert(0, str(ROOT / "python"))
 
 #: cudaGraphInstantiateFlagUseNodePriority
 USE_NODE_PRIORITY = 8
+#: cudaGraphInstantiateFlagAutoFreeOnLaunch, the flag PyTorch's ``CUDAGraph`` instantiates with
+AUTO_FREE_ON_LAUNCH = 1
 #: the schedules this script can make (greedy with 3 and 4 streams)
 SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
 
 
 class NodePriorityGraph:
-    """A kept CUDA Graph template instantiated again with ``cudaGraphInstantiateFlagUseNodePriority``."""
+    """A kept CUDA Graph template instantiated again, by default with ``cudaGraphInstantiateFlagUseNodePriority``
+    (``flags``: ``cudaGraphInstantiateWithFlags``'s; PyTorch instantiates with :data:`AUTO_FREE_ON_LAUNCH`)."""
 
-    def __init__(self, graph: Any) -> None:
+    def __init__(self, graph: Any, flags: int = USE_NODE_PRIORITY) -> None:
         from cuda.bindings import runtime
 
         from opbench.runtime.green import _check
 
         self.graph = graph  # keeps the template alive
-        self.exec = _check(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), USE_NODE_PRIORITY),
+        self.exec = _check(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), flags),
                              "cudaGraphInstantiateWithFlags")
 
     def replay(self) -> None:

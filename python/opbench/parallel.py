@@ -21,9 +21,12 @@ from typing import Any
 
 from .errors import OpBenchError, first_line
 from .pipeline.compare import (
+    ROUNDS,
     EvaluateOptions,
+    check_captures,
     check_sm_partition,
     evaluate,
+    fastest_capture,
     host_arrays,
     relative_error,
     table_rows,
@@ -31,7 +34,7 @@ from .pipeline.compare import (
 )
 from .pipeline.compile import check_kernels, combo_in_regions, merge_mode, saved_cut, torch_backend
 from .pipeline.spec import overridden
-from .profile.schedule import Timer
+from .profile.schedule import Timer, default_timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
 from .runtime.fused import DEFAULT_LAYOUT, check_layout
@@ -49,6 +52,10 @@ from .utils import check_output_path
 
 __all__ = ["CaptureOptions", "CapturedSchedule", "capturer", "optimize"]
 log = logging.getLogger(__name__)
+
+#: captures of the kept schedule, the fastest returned (``capturer(captures=...)``): two instantiations of one CUDA
+#: Graph run its concurrent kernels a few per cent apart, steadily (docs/parallel.md)
+CAPTURES = 8
 
 
 def _load_schedule(schedule: Schedule | str | Path | None) -> Schedule | None:
@@ -114,8 +121,10 @@ class CaptureOptions:
     trace: str | Path | None = None
     rtol: float | None = None
     cache: bool | str = False
+    captures: int = CAPTURES
 
     def __post_init__(self) -> None:
+        check_captures(self.captures)
         # True keeps the choice too (a later build builds only what was kept); "schedule" the cut and the schedule
         if not isinstance(self.cache, bool) and self.cache != "schedule":
             raise OpBenchError(f"unknown capturer cache {self.cache!r} (accepted: False, True, 'schedule')")
@@ -141,6 +150,7 @@ class _Selected:
     rows: list[dict[str, Any]]
     structure: Any  # the outputs' pytree structure
     phases: dict[str, float]
+    executor: ParallelExecutor | None = None  # the kept schedule's capture (None where a baseline was kept)
 
 
 def _prepared(inputs: Any, model: Any, caller: str, o: CaptureOptions) -> tuple[Any, list[Any]]:
@@ -197,14 +207,15 @@ def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
         given, phases["cache"] = None, 0.0
     found = evaluate(backend, o.schedulers, None, host_arrays(leaves), baselines, o.timer,
                      EvaluateOptions(o.repeat, o.number, o.tolerance, o.mode, given, sm_partition=o.sm_partition,
-                                     rtol=default_rtol(inputs) if o.rtol is None else o.rtol))
+                                     rtol=default_rtol(inputs) if o.rtol is None else o.rtol,
+                                     captures=o.captures))
     phases.update(found.phases)
     if cached is not None and not phases.get("cache"):
         kept = next(r for r in found.rows if r["kept"])
         found.plan.meta.update(choice="schedule" if kept["plan"] is not None else kept["schedule"],
                                table=table_rows(found.rows))
         _cache_put(cached, found.plan)
-    return _Selected(backend, baselines, found.plan, found.rows, structure, phases)
+    return _Selected(backend, baselines, found.plan, found.rows, structure, phases, found.executor)
 
 
 def region_phases(backend: Any) -> dict[str, float]:
@@ -258,7 +269,7 @@ def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
         if plan.meta.get("graph") != backend.graph.fingerprint():
             log.info("capturer cache: the saved schedule is of another graph; searching again")
             return None
-        result = CapturedSchedule(backend, plan, table, structure)
+        result = CapturedSchedule(backend, plan, table, structure, _kept_capture(backend, plan, inputs, o, phases))
     elif choice in (COMPILE_ROW, COMBO_ROW):
         result = compiled_baselines(model, inputs, ["combo" if choice == COMBO_ROW else "default"])[0]
         phases["torch_compile_s" if choice == COMPILE_ROW else "torch_compile_combo_s"] = result.compile_s
@@ -281,6 +292,22 @@ def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
     result.phases = phases
     log.info("capturer cache: rebuilt the %s kept by an earlier build (%s)", choice, path)
     return result
+
+
+def _kept_capture(backend: KernelBackend, plan: Schedule, inputs: Sequence[Any], o: CaptureOptions,
+                  phases: dict[str, float]) -> ParallelExecutor | None:
+    """For a rebuild from the cache, which measures no candidate: the fastest of ``o.captures`` captures of the
+    kept ``plan`` (:func:`~opbench.pipeline.compare.fastest_capture`, timed through the user's call), or None
+    (one capture, or the CPU: :class:`CapturedSchedule` captures it). Seconds in ``phases["captures_s"]``."""
+    if o.captures == 1 or not backend.is_cuda:
+        return None
+    clock = time.perf_counter()
+    timer = o.timer or default_timer(True, max(1, -(-o.repeat // ROUNDS)), o.number)
+    executor, rows = fastest_capture(backend, plan, o.captures, [x.detach().clone() for x in inputs], timer)
+    phases["captures_s"] = time.perf_counter() - clock
+    log.info("capturer cache: kept capture %d of %d (%s ms)", rows.index(min(rows, key=lambda r: r["latency_ms"])),
+             len(rows), ", ".join(f"{r['latency_ms']:.4f}" for r in rows))
+    return executor
 
 
 def _cache_path(model: Any, inputs: Sequence[Any], options: dict[str, Any]) -> Path:
@@ -321,12 +348,13 @@ def optimize(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     ``schedule.meta["beats_model"]`` says whether the schedule beat every baseline (else
     :func:`capturer` would return the fastest baseline). For ``kernels="fused"`` the schedule records
     the region cut (``meta["regions"]``), so that passing it back skips the cut and the search; a
-    partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``).
+    partitioned schedule (``sm_partition="auto"``) carries its SM groups (``sm_groups``). It returns no
+    capture, so ``captures`` is not used (one capture of each schedule is measured).
     """
     options = overridden(options or CaptureOptions(), overrides, "optimize")
     if options.trace is not None:
         raise TypeError("optimize() takes no trace (capturer(..., trace=PATH) writes one)")
-    selected = _select(*_prepared(inputs, model, "optimize", options), options)
+    selected = _select(*_prepared(inputs, model, "optimize", options), dataclasses.replace(options, captures=1))
     plan, rows = selected.plan, selected.rows
     plan.meta["table"] = table_rows(rows)
     plan.meta["beats_model"] = any(r["kept"] and r["plan"] is plan for r in rows)
@@ -339,9 +367,12 @@ class CapturedSchedule:
     Outputs are the graph's static output tensors, overwritten by the next call.
     """
 
-    def __init__(self, backend: KernelBackend, schedule: Schedule, table: list[dict[str, Any]], structure: Any):
+    def __init__(self, backend: KernelBackend, schedule: Schedule, table: list[dict[str, Any]], structure: Any,
+                 executor: ParallelExecutor | None = None):
+        """``executor``: the schedule already captured (the capture the search timed and kept); else it is
+        captured here."""
         self.backend, self.schedule, self.table, self._structure = backend, schedule, table, structure
-        self.executor = ParallelExecutor(backend, schedule)
+        self.executor = executor if executor is not None else ParallelExecutor(backend, schedule)
         self.executor.run()
 
     def __str__(self) -> str:
@@ -367,14 +398,13 @@ class CapturedSchedule:
     def dump(self, path: str | Path) -> Path:
         """Write the schedule's CUDA Graph to ``path`` in Graphviz DOT (``torch.cuda.CUDAGraph.debug_dump``: every
         kernel node, the edges between them, and which stream's work each came from): the schedule's operators
-        are captured once more with the graph's template kept, and later calls replay this capture (a capture
-        binds the operators' outputs to its own memory, so the first one would no longer fill the tensors
-        that calls return). ``dot -Tsvg`` draws it. Returns ``path``."""
+        are captured once more with the graph's template kept, for the dump only (later calls still replay the
+        capture kept, whose outputs they return). ``dot -Tsvg`` draws it. Returns ``path``."""
         if not self.backend.is_cuda:
             raise OpBenchError("dump writes the schedule's CUDA Graph: a schedule on the CPU runs its streams as "
                                "threads and has none")
         check_output_path(path, "path")
-        self.executor.capture(keep=True).cuda_graph.dump(path)
+        ParallelExecutor(self.backend, self.schedule).capture(keep=True).cuda_graph.dump(path)
         return Path(path)
 
     def __call__(self, *inputs: Any) -> Any:
@@ -439,6 +469,13 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     and the baselines again, and keeps the fastest. ``run.phases["cache"]`` is 1 for a build that took
     either.
 
+    ``captures``: on a GPU, a kept schedule is captured this many times and the fastest capture, timed through the
+    call a user makes, is returned (:data:`CAPTURES` by default; 1 returns the capture measured beside the
+    baselines). Two instantiations of one CUDA Graph run its concurrent kernels a few per cent apart, steadily
+    (:func:`opbench.pipeline.compare.fastest_capture`); the kept row's ``latency_ms`` is then the kept capture's,
+    ``captures_ms`` every capture's and ``compared_ms`` what the comparison measured. A rebuild from ``cache``
+    does the same.
+
     ``trace`` (a path): also replay sequential and the fastest schedule (kept or not) with a timing mark
     around each operator and write them there as a Chrome trace, one lane per stream
     (:mod:`opbench.runtime.trace`; ``opbench compare --trace`` writes the same).
@@ -477,7 +514,7 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
         result = kept["baseline"]
         result.schedule = None
     else:
-        result = CapturedSchedule(backend, plan, table, selected.structure)
+        result = CapturedSchedule(backend, plan, table, selected.structure, selected.executor)
     result.table = table
     result.backend, result.baselines = backend, baselines
     result.trace = backend.trace

@@ -112,3 +112,38 @@ def test_device_and_host_times_that_do_not_account_for_the_latency_leave_it():
     assert steady_ms(row) == STEADY_FLOOR
     row["device_ms"] = 1.2  # never above the latency measured
     assert steady_ms(row) == 1.0
+
+
+def test_the_fastest_capture_is_kept_and_one_with_other_outputs_is_dropped(monkeypatch):
+    """``fastest_capture`` times every capture through the user's call (inputs passed) by the given timer and
+    keeps the least; a capture whose outputs differ from the first's is left out before any timing."""
+    import numpy as np
+
+    from opbench.pipeline import compare
+
+    outputs = iter([[np.ones(2)], [np.ones(2)], [np.zeros(2)], [np.ones(2)]])  # the second new capture is off
+    made: list[object] = []
+
+    class Executor:
+        def __init__(self, backend, plan):
+            made.append(self)
+
+        def run(self, inputs=None):
+            assert inputs == ["x"]
+            return next(outputs, [np.ones(2)])
+
+    monkeypatch.setattr(compare, "ParallelExecutor", Executor)
+    plan = type("Plan", (), {"name": "opara"})()
+    first = Executor(None, plan)
+    times = {"opara capture 0": 3e-3, "opara capture 1": 2e-3, "opara capture 2": 1e-3}
+    labels = []
+
+    def timer(label, run):
+        labels.append(label)
+        run()
+        return [times[label]]
+
+    kept, rows = compare.fastest_capture(None, plan, 4, ["x"], timer, first)
+    assert len(made) == 4 and kept is made[3]  # the first, two new ones, the third new one kept
+    assert [r["capture"] for r in rows] == [0, 1, 2] and [r["latency_ms"] for r in rows] == [3.0, 2.0, 1.0]
+    assert sorted(labels) == sorted(list(times) * compare.ROUNDS)

@@ -106,6 +106,34 @@ def test_schedule_that_wins_is_captured(model_and_input):
         run.dump("graph.dot")
 
 
+def test_the_callable_returned_is_the_capture_that_was_timed(model_and_input, monkeypatch):
+    """Two captures of one schedule run a few per cent apart: the kept schedule is not captured once more after
+    the comparison (a new draw), the executor its row timed is the one returned."""
+    from opbench.runtime.executor import ParallelExecutor
+
+    model, x = model_and_input
+    made, init = [], ParallelExecutor.__init__
+
+    def spy(self, backend, schedule, priorities=None):
+        init(self, backend, schedule, priorities)
+        made.append(self)
+
+    monkeypatch.setattr(ParallelExecutor, "__init__", spy)
+    times = {"model, eager": 1.0, "sequential": 1.0, "nimble": 0.5}
+    run = capturer([x], model, schedulers=["sequential", "nimble"], timer=fake_timer(times, 1.0))
+    assert isinstance(run, CapturedSchedule) and run.schedule.name == "nimble"
+    assert len(made) == 2 and run.executor is made[1]
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("captures", [0, -2, 1.5, True, "8"])
+def test_captures_must_be_a_whole_number_of_one_or_more(model_and_input, captures):
+    model, x = model_and_input
+    with pytest.raises(OpBenchError, match=r"captures must be a whole number, 1 or more \(got "):
+        capturer([x], model, captures=captures)
+
+
 def test_capturer_writes_a_trace_of_sequential_and_the_kept_schedule(model_and_input, tmp_path):
     import json
 
@@ -508,32 +536,42 @@ def test_a_dump_that_wrote_nothing_is_an_error(tmp_path):
     assert not (tmp_path / "graph.dot").exists()
 
 
-def test_calls_after_a_dump_replay_the_capture_whose_outputs_they_return(tmp_path, monkeypatch):
-    """A capture binds the operators' outputs to its own memory: after ``dump`` captured the schedule once
-    more, replaying the first capture would leave the returned tensors stale (seen on an H100: every output
-    wrong after a dump). The dumped capture is the one later calls replay."""
+def test_calls_after_a_dump_return_the_kept_captures_outputs(tmp_path, monkeypatch):
+    """A capture binds the operators' outputs to its own memory, and the backend's values are the last
+    capture's. ``dump`` captures the schedule once more for the file; later calls still replay the capture that
+    was kept (the fastest) and return its outputs, not the dumped capture's (once seen on an H100: every output
+    stale after a dump)."""
     from pathlib import Path
     from types import SimpleNamespace
 
+    import opbench.parallel as parallel
     import opbench.runtime.executor as executor
     from opbench.parallel import CapturedSchedule
 
     class Graph:  # a capture: the backend's outputs now live in this graph's memory, which replay fills
         def __init__(self, backend):
-            backend.out = self.memory = [0]
+            self.memory = torch.zeros(1)
+            backend.out = [self.memory]
 
         def replay(self):
-            self.memory[0] += 1
+            self.memory += 1
 
         def dump(self, path):
             Path(path).write_text("digraph {}")
 
     backend = SimpleNamespace(is_cuda=True, out=None)
-    run = object.__new__(CapturedSchedule)
-    run.backend = backend
-    run.executor = object.__new__(executor.ParallelExecutor)  # its capture, with the graph faked
-    run.executor.cuda_graph = Graph(backend)
+    backend.outputs = lambda: backend.out
     monkeypatch.setattr(executor, "capture_graph", lambda launch, keep=False: Graph(backend))
+
+    class Bare(executor.ParallelExecutor):  # an executor of the fake backend, no schedule to validate
+        def __init__(self, backend, schedule=None):
+            self.backend, self.cuda_graph, self._captured = backend, None, None
+
+    monkeypatch.setattr(parallel, "ParallelExecutor", Bare)
+    run = object.__new__(CapturedSchedule)
+    run.backend, run.schedule, run.executor = backend, None, Bare(backend).capture()
+    kept = run.executor.cuda_graph.memory
     assert run.dump(tmp_path / "graph.dot").read_text().startswith("digraph")
-    run.executor.cuda_graph.replay()
-    assert backend.out == [1]
+    assert backend.out[0] is not kept  # the dump's capture left the backend's values in its own memory
+    out = run.executor.run()
+    assert out[0] is kept and float(kept) == 1.0

@@ -215,3 +215,51 @@ def test_the_pytorch_layout_runs_depthwise_convolutions_on_pytorch_s_own_kernels
     assert "aten::_conv_depthwise2d" in ran["pytorch"], sorted(ran["pytorch"])
     assert "aten::_conv_depthwise2d" not in ran["inductor"] and "aten::cudnn_convolution" in ran["inductor"], \
         sorted(ran["inductor"])
+
+
+def test_the_fastest_capture_returns_its_own_outputs():
+    """Each capture binds the operators' outputs to its own memory, and the backend's values are the last
+    capture's: the capture kept among several (here the first, by a timer that prefers it) must return its own
+    outputs, equal to the model's on new inputs, not those of a later capture that is never replayed."""
+    from opbench.pipeline.compare import fastest_capture
+    from opbench.pipeline.compile import torch_backend
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).cuda().eval()
+    x = torch.randn(1, 3, 16, 16, device="cuda")
+    backend = torch_backend(model, [x])
+    plan = get_scheduler("sequential").schedule(backend.graph, None)
+    labels = []
+
+    def timer(label, run):
+        labels.append(label)
+        run()
+        return [1e-3 if label.endswith("capture 0") else 2e-3]
+
+    executor, rows = fastest_capture(backend, plan, 3, [x], timer)
+    assert [r["capture"] for r in rows] == [0, 1, 2] and sorted(set(labels)) == [f"sequential capture {i}"
+                                                                                 for i in range(3)]
+    assert [r["latency_ms"] for r in rows] == [1.0, 2.0, 2.0]
+    other = torch.randn_like(x)
+    with torch.no_grad():
+        torch.testing.assert_close(executor.run([other])[0], model(other))
+
+
+def test_the_capturer_keeps_the_fastest_of_its_captures():
+    """``captures=3``: the kept schedule's row lists three captures' times and takes the least; the callable
+    returned equals the model on new inputs."""
+    from opbench.models import load_workload
+
+    w = load_workload("local", "googlenet", 1, image_size=64)
+    model = w.torch_module.cuda().eval()
+    x = torch.from_numpy(w.example_inputs()[0]).cuda()
+    # a tolerance of -1 keeps a schedule within twice the model's own time: the capture path is what is tested
+    run = capturer([x], model, repeat=3, number=5, schedulers=["sequential", "greedy"], tolerance=-1.0, captures=3)
+    kept = next(r for r in run.table if r["kept"])
+    assert kept["schedule"] in ("sequential", "greedy") and len(kept["captures_ms"]) == 3
+    assert kept["latency_ms"] == min(kept["captures_ms"]) and kept["compared_ms"] > 0
+    with torch.no_grad():
+        other = torch.randn_like(x)
+        torch.testing.assert_close(run(x), model(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(run(other), model(other), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,239 @@
+"""How far apart are two CUDA Graph captures of one schedule, and does keeping the fastest of several pay?
+
+``capturer(kernels="fused")`` measures each schedule in one capture and returns the kept schedule in another
+(``CapturedSchedule`` captures it again). The twenty-eighth session's priority experiment
+(``scripts/exp_node_priority.py``) saw variants that should run alike, each its own capture, differ steadily by up
+to 5 %, and two processes agree on each within 0.12 %. This script builds the fused regions (``FusedBackend``, as
+the capturer compiles them), makes the schedules of greedy (3 and 4 streams), Nimble and Opara, and for each one:
+
+- captures it ``--captures`` times (each a new :class:`~opbench.runtime.executor.ParallelExecutor`: new streams, a
+  new private memory pool, so new addresses for every region's outputs);
+- instantiates the first capture's template ``--instances`` more times (the same nodes and addresses; what the
+  instantiation alone changes), with the flags PyTorch instantiates with;
+
+checks every capture's outputs against the sequential run, and times every variant in alternating rounds (CUDA
+Graph replays, medians of CUDA-event samples) beside the critical path run alone. The held-out test of keeping the
+fastest capture: the capture picked by the first half of the rounds, timed in the second half, against the first
+capture and against the median capture.
+
+With ``--capturer N`` it then times the lever through the user's path: ``capturer(kernels="fused", cache=True)``
+builds the model once (its choice kept in a cache of this run), and the same model is built again from that cache
+``N`` times with ``captures=1`` (one capture, a draw) and ``N`` times with ``captures`` at its default (the fastest
+of several), alternately; every returned callable is timed through the user's call (``run(x)``, the input copy
+included) in alternating rounds. Writes ``OUT/exp_capture_variation.json`` after every model.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_capture_variation.py --out out --models googlenet
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
+from bench_fused import relative_err
+from exp_launch_order import fused_regions
+from exp_node_priority import AUTO_FREE_ON_LAUNCH, SCHEDULERS, NodePriorityGraph
+
+sys.path.insert(0, str(ROOT / "python"))
+
+#: bytes of a large page of the GPU's memory (addresses are summarised modulo it)
+PAGE = 2 << 20
+
+
+def node_count(graph: Any) -> int | None:
+    """The number of nodes of a kept CUDA Graph template (None without ``cuda-bindings``)."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return None
+    from opbench.runtime.green import _check
+
+    return int(_check(runtime.cudaGraphGetNodes(graph.raw_cuda_graph(), 0), "cudaGraphGetNodes")[1])
+
+
+def addresses(backend: Any) -> dict[str, Any]:
+    """Where the capture put the regions' values: the span of their addresses, and how many start in each
+    eighth of a :data:`PAGE` (a capture's memory pool is new, so these move from one capture to the next)."""
+    import torch
+
+    ptrs = sorted({t.data_ptr() for t in backend.env.values() if isinstance(t, torch.Tensor) and t.is_cuda})
+    eighths = [0] * 8
+    for p in ptrs:
+        eighths[(p % PAGE) * 8 // PAGE] += 1
+    return {"tensors": len(ptrs), "span_mib": (ptrs[-1] - ptrs[0]) / 2**20 if ptrs else 0.0,
+            "page_eighths": eighths}
+
+
+def halves(samples: dict[str, list[float]], labels: list[str]) -> dict[str, Any]:
+    """Keeping the fastest of ``labels`` (captures of one schedule), tested out of sample: the capture with the
+    least median over the first half of the rounds, and its median over the second half against the first
+    capture's and the median capture's there."""
+    cut = len(samples[labels[0]]) // 2
+    first = {k: statistics.median(samples[k][:cut]) for k in labels}
+    second = {k: statistics.median(samples[k][cut:]) for k in labels}
+    pick = min(first, key=first.get)
+    typical = statistics.median(second.values())
+    return {"picked": pick, "picked_ms": second[pick], "first_capture_ms": second[labels[0]],
+            "median_capture_ms": typical, "gain_vs_first": second[labels[0]] / second[pick] - 1,
+            "gain_vs_median": typical / second[pick] - 1,
+            "best_in_second_half": min(second, key=second.get)}
+
+
+def measure_capturer(name: str, args: Any, cache: Path) -> dict[str, Any]:
+    """``capturer``'s rebuilds of ``name`` with one capture and with :data:`~opbench.parallel.CAPTURES`, side by
+    side through the user's call."""
+    import os
+
+    import torch
+
+    from opbench.models import get_source
+    from opbench.parallel import CAPTURES, capturer
+    from opbench.profile.timer import cuda_event_samples
+
+    os.environ["OPBENCH_CACHE"] = str(cache)
+    torch.manual_seed(0)
+    model, x = get_source("local").torch_model(name, args.batch, dtype=args.dtype)
+    model, x = model.to(args.device).eval(), x.to(args.device)
+    with torch.no_grad():
+        expected = model(x)
+    first = capturer([x], model, kernels="fused", cache=True)
+    arms: dict[str, list[Any]] = {"captures=1": [], f"captures={CAPTURES}": []}
+    builds: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(args.capturer):
+        for arm, captures in zip(arms, (1, CAPTURES), strict=True):
+            run = capturer([x], model, kernels="fused", cache=True, captures=captures)
+            builds[arm].append(run.build_s)
+            arms[arm].append(run)
+    user = x.detach().clone()
+    runs = [(arm, i, run) for arm, made in arms.items() for i, run in enumerate(made)]
+    samples: dict[tuple[str, int], list[float]] = {(arm, i): [] for arm, i, _ in runs}
+    errors = {}
+    for arm, i, run in runs:
+        with torch.no_grad():
+            out = run(user)
+        errors[(arm, i)] = relative_err(out[0] if isinstance(out, list | tuple) else out, expected)
+    for r in range(args.rounds):
+        for arm, i, run in runs[r % len(runs):] + runs[:r % len(runs)]:
+            samples[(arm, i)].append(statistics.median(cuda_event_samples(lambda run=run: run(user), args.repeat,
+                                                                          args.number)) * 1e3)
+    out: dict[str, Any] = {"first_build": {"kept": next(r["schedule"] for r in first.table if r["kept"]),
+                                           "build_s": first.build_s}}
+    for arm in arms:
+        ms = [statistics.median(samples[(arm, i)]) for i in range(args.capturer)]
+        out[arm] = {"ms": ms, "median_ms": statistics.median(ms), "build_s": builds[arm],
+                    "err": [errors[(arm, i)] for i in range(args.capturer)]}
+        print(f"{name}: capturer rebuilt with {arm}: {' '.join(f'{m:.4f}' for m in ms)} ms (median "
+              f"{out[arm]['median_ms']:.4f}), builds {' '.join(f'{b:.1f}' for b in builds[arm])} s", flush=True)
+    one, many = out["captures=1"]["median_ms"], out[f"captures={CAPTURES}"]["median_ms"]
+    out["gain"] = one / many - 1
+    print(f"{name}: the fastest of {CAPTURES} captures against one: {out['gain']:+.1%} (medians over "
+          f"{args.capturer} rebuilds each)", flush=True)
+    return out
+
+
+def measure(name: str, args: Any) -> dict:
+    """The captures and instances of each schedule of ``name``'s fused regions, timed side by side."""
+    import torch
+
+    from opbench.profile.timer import cuda_event_samples
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import Greedy, Nimble, Opara, Sequential
+
+    backend, _, cost, _, row = fused_regions(name, args)
+    reference = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
+    reference = (reference[0] if isinstance(reference, list | tuple) else reference).detach().clone()
+    made = {"greedy-3": Greedy(3), "greedy-4": Greedy(4), "nimble": Nimble(), "opara": Opara()}
+    runs: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[str]] = {}
+    for label in args.schedulers:
+        plan = made[label].schedule(backend.graph, cost)
+        groups[label] = []
+        first = None
+        for i in range(args.captures):
+            executor = ParallelExecutor(backend, plan).capture(keep=True)
+            executor.replay()
+            torch.cuda.synchronize()
+            out = backend.outputs()
+            out = out[0] if isinstance(out, list | tuple) else out
+            key = f"{label} #{i + 1}"
+            runs[key] = {"replay": executor.replay, "err": relative_err(out, reference), "samples": [],
+                         "nodes": node_count(executor.cuda_graph.graph), "memory": addresses(backend),
+                         "keep": executor}
+            groups[label].append(key)
+            first = first or executor
+        for j in range(args.instances):
+            instance = NodePriorityGraph(first.cuda_graph.graph, AUTO_FREE_ON_LAUNCH)
+            runs[f"{label} #1, instance {j + 2}"] = {"replay": instance.replay, "err": runs[f"{label} #1"]["err"],
+                                                     "samples": [], "keep": instance}
+    labels = list(runs)
+    for r in range(args.rounds):  # alternating, the first variant of a round rotating
+        for key in labels[r % len(labels):] + labels[:r % len(labels)]:
+            run = runs[key]
+            run["samples"].append(statistics.median(cuda_event_samples(run["replay"], args.repeat, args.number)) * 1e3)
+    row["variants"] = {k: {"ms": statistics.median(v["samples"]), "err": v["err"], "samples_ms": v["samples"]}
+                       | {f: v[f] for f in ("nodes", "memory") if f in v} for k, v in runs.items()}
+    row["schedules"] = {}
+    for label, keys in groups.items():
+        caps = [row["variants"][k]["ms"] for k in keys]
+        inst = [row["variants"][k]["ms"] for k in runs if k.startswith(f"{label} #1, instance")]
+        summary = {"captures_ms": caps, "capture_spread": max(caps) / min(caps) - 1,
+                   "instances_ms": inst, "instance_spread": (max(inst + caps[:1]) / min(inst + caps[:1]) - 1),
+                   "held_out": halves({k: runs[k]["samples"] for k in keys}, keys),
+                   "gap_best_capture": min(caps) / row["chain_ms"] - 1,
+                   "gap_first_capture": caps[0] / row["chain_ms"] - 1}
+        row["schedules"][label] = summary
+        h = summary["held_out"]
+        print(f"{name}: {label:<9} captures {' '.join(f'{c:.4f}' for c in caps)} ms (spread "
+              f"{summary['capture_spread']:.1%}); capture 1 instantiated again {' '.join(f'{c:.4f}' for c in inst)} "
+              f"(spread {summary['instance_spread']:.1%}); held out: picked {h['picked']} {h['picked_ms']:.4f} ms, "
+              f"{h['gain_vs_first']:+.1%} against capture 1, {h['gain_vs_median']:+.1%} against the median capture",
+              flush=True)
+    best = min(min(s["captures_ms"]) for s in row["schedules"].values())
+    firsts = min(s["captures_ms"][0] for s in row["schedules"].values())
+    row |= {"best_first_capture_ms": firsts, "best_any_capture_ms": best,
+            "gap_first_capture": firsts / row["chain_ms"] - 1, "gap_best_capture": best / row["chain_ms"] - 1}
+    print(f"{name}: chain {row['chain_ms']:.4f} ms; best schedule's first capture {firsts:.4f} "
+          f"({row['gap_first_capture']:+.1%}), best capture of any {best:.4f} ({row['gap_best_capture']:+.1%})",
+          flush=True)
+    if args.capturer:
+        row["capturer"] = measure_capturer(name, args, Path(args.out) / "cache")
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_device_args(parser, "googlenet,inception_v3,nasnet")
+    timing_args(parser)
+    parser.add_argument("--captures", type=int, default=6, help="captures of each schedule (at least 2)")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="further instantiations of each schedule's first capture")
+    parser.add_argument("--capturer", type=int, default=0, metavar="N",
+                        help="also rebuild capturer(kernels='fused') from its cache N times with one capture and N "
+                        "times with the default number, and time them side by side")
+    parser.add_argument("--schedulers", default="greedy-3,greedy-4,opara",
+                        help=f"comma-separated, of: {', '.join(SCHEDULERS)}")
+    args = parser.parse_args()
+    args.schedulers = args.schedulers.split(",")
+    unknown = [s for s in args.schedulers if s not in SCHEDULERS]
+    if unknown:
+        parser.error(f"unknown --schedulers {','.join(unknown)!r} (accepted: {', '.join(SCHEDULERS)})")
+    if args.captures < 2 or args.instances < 0 or args.rounds < 4 or args.capturer < 0:
+        parser.error(f"--captures {args.captures}, --instances {args.instances}, --rounds {args.rounds}, --capturer "
+                     f"{args.capturer}: accepted: at least 2 captures, 0 or more instances, at least 4 rounds (two "
+                     "halves), 0 or more capturer builds")
+    if args.device != "cuda":
+        parser.error(f"--device {args.device!r}: CUDA Graph captures need a GPU (accepted: cuda)")
+    models = checked_models(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    measure_each(models, experiment_doc("exp_capture_variation.py", args.device),
+                 out / "exp_capture_variation.json", lambda name: measure(name, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
