@@ -236,7 +236,8 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
 def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
     """``capturer(cache=True)`` when an earlier build of the same model (same key as :func:`_cache_path`) kept its
     choice: only the kept candidate is built (the schedule with its saved cut, or the one baseline), nothing is
-    searched or measured, and its outputs are checked against the model's own (``rtol``). ``model`` and
+    searched and no other candidate measured (a schedule's captures are: :func:`_kept_capture`), and its outputs
+    are checked against the model's own (``rtol``). ``model`` and
     ``inputs`` as :func:`_prepared` gives them. None on a miss, on a cache file without a choice, or when the
     rebuilt candidate is off (then the caller searches again)."""
     if o.cache is not True or o.schedule is not None or o.trace is not None:
@@ -462,8 +463,9 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     ``~/.cache/opbench``), keyed by the model's structure, the inputs, the options, the device and the
     library versions: the cut, the schedule, the table and the choice. A later build of the same model builds
     only the candidate kept (the schedule with its cut, or the one ``torch.compile`` row or the model's graph)
-    and measures nothing, as an autotuner reuses its best configuration; it checks that candidate's outputs
-    against the model's (``rtol``) and searches again if they are off. Its table is the first build's, each
+    and measures no other candidate (only a schedule's own captures, ``captures`` below), as an autotuner
+    reuses its best configuration; it checks that candidate's outputs against the model's (``rtol``) and
+    searches again if they are off. Its table is the first build's, each
     row marked ``cached``; ``run.phases["cache_choice"]`` is 1. ``cache="schedule"`` keeps only the cut and
     the schedule: a later build skips the cut and the search but measures that schedule beside sequential
     and the baselines again, and keeps the fastest. ``run.phases["cache"]`` is 1 for a build that took
