@@ -295,7 +295,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     if kept is None:  # a baseline won: the best schedule still goes back (for --save-schedule)
         kept = min((r for r in rows if r["plan"] is not None and r["measured"] and r["sched_error"] <= 1e-5),
                    key=lambda r: r["latency_ms"])
-    return Evaluation(kept["plan"], rows, phases, executor)
+    return Evaluation(kept["plan"], rows, phases, executor=executor)
 
 
 def check_captures(captures: Any) -> int:
@@ -652,7 +652,7 @@ def bounded(backend: KernelBackend, schedulers: Sequence[Any] | None = DEFAULT_S
     clock = time.perf_counter()
     bound = critical_path(backend, o.repeat, o.number, latencies)
     found.phases["critical_path_s"] = time.perf_counter() - clock
-    return Bounded(found.plan, found.rows, found.phases, bound)
+    return Bounded(found.plan, found.rows, found.phases, found.executor, bound=bound)
 
 
 def choices(text: str, accepted: Sequence[str], flag: str) -> list[str]:
