@@ -245,12 +245,11 @@ def capturer_timer(runs: dict, repeat: int, number: int) -> tuple[dict, dict, di
     rounds, :func:`opbench.pipeline.compare.time_rounds`), after the build: where a row of the capturer's
     table differs from :func:`side_by_side`, this tells the timer from the moment it was taken. Also each
     callable's host ms a call and its device ms (the host left out), as the capturer's rows have them."""
-    from opbench.pipeline.compare import ROUNDS, call_clocks, time_rounds
-    from opbench.profile.schedule import default_timer
+    from opbench.pipeline.compare import call_clocks, rounds_timer, time_rounds
 
     rows = [({"schedule": label}, run) for label, run in runs.items()]
     host, device = call_clocks(True, number)
-    time_rounds(rows, default_timer(True, max(1, -(-repeat // ROUNDS)), number), host=host, device=device)
+    time_rounds(rows, rounds_timer(True, repeat, number), host=host, device=device)
     return tuple({row["schedule"]: row.get(key) for row, _ in rows} for key in ("latency_ms", "host_ms", "device_ms"))
 
 

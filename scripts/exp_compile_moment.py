@@ -96,16 +96,15 @@ def main() -> int:
     import torch
 
     from opbench.parallel import capturer
-    from opbench.pipeline.compare import ROUNDS, time_rounds
+    from opbench.pipeline.compare import rounds_timer, time_rounds
     from opbench.profile.cuda import _nvml_clock_and_throttle
-    from opbench.profile.schedule import default_timer
     from opbench.profile.timer import host_seconds
     from opbench.runtime.graphs import CompiledModel
 
     bench_fused.DTYPE = args.dtype
     torch.manual_seed(0)
     model, inputs = bench_fused.load(args.model, args.batch)
-    base = default_timer(True, max(1, -(-args.repeat // ROUNDS)), args.number)
+    base = rounds_timer(True, args.repeat, args.number)
     moment = ["build"]
     log: list[dict] = []
 

@@ -21,7 +21,6 @@ from typing import Any
 
 from .errors import OpBenchError, first_line
 from .pipeline.compare import (
-    ROUNDS,
     EvaluateOptions,
     check_captures,
     check_sm_partition,
@@ -29,12 +28,13 @@ from .pipeline.compare import (
     fastest_capture,
     host_arrays,
     relative_error,
+    rounds_timer,
     table_rows,
     trace_rows,
 )
 from .pipeline.compile import check_kernels, combo_in_regions, merge_mode, saved_cut, torch_backend
 from .pipeline.spec import overridden
-from .profile.schedule import Timer, default_timer
+from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
 from .runtime.fused import DEFAULT_LAYOUT, check_layout
@@ -303,10 +303,10 @@ def _kept_capture(backend: KernelBackend, plan: Schedule, inputs: Sequence[Any],
     if o.captures == 1 or not backend.is_cuda:
         return None
     clock = time.perf_counter()
-    timer = o.timer or default_timer(True, max(1, -(-o.repeat // ROUNDS)), o.number)
+    timer = o.timer or rounds_timer(True, o.repeat, o.number)
     executor, rows = fastest_capture(backend, plan, o.captures, [x.detach().clone() for x in inputs], timer)
     phases["captures_s"] = time.perf_counter() - clock
-    log.info("capturer cache: kept capture %d of %d (%s ms)", rows.index(min(rows, key=lambda r: r["latency_ms"])),
+    log.info("capturer cache: kept capture %d of %d (%s ms)", next(r["capture"] for r in rows if r["kept"]),
              len(rows), ", ".join(f"{r['latency_ms']:.4f}" for r in rows))
     return executor
 

@@ -146,4 +146,5 @@ def test_the_fastest_capture_is_kept_and_one_with_other_outputs_is_dropped(monke
     kept, rows = compare.fastest_capture(None, plan, 4, ["x"], timer, first)
     assert len(made) == 4 and kept is made[3]  # the first, two new ones, the third new one kept
     assert [r["capture"] for r in rows] == [0, 1, 2] and [r["latency_ms"] for r in rows] == [3.0, 2.0, 1.0]
+    assert [r["kept"] for r in rows] == [False, False, True]
     assert sorted(labels) == sorted(list(times) * compare.ROUNDS)

@@ -240,7 +240,7 @@ def test_the_fastest_capture_returns_its_own_outputs():
     executor, rows = fastest_capture(backend, plan, 3, [x], timer)
     assert [r["capture"] for r in rows] == [0, 1, 2] and sorted(set(labels)) == [f"sequential capture {i}"
                                                                                  for i in range(3)]
-    assert [r["latency_ms"] for r in rows] == [1.0, 2.0, 2.0]
+    assert [r["latency_ms"] for r in rows] == [1.0, 2.0, 2.0] and [r["kept"] for r in rows] == [True, False, False]
     other = torch.randn_like(x)
     with torch.no_grad():
         torch.testing.assert_close(executor.run([other])[0], model(other))

@@ -237,7 +237,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     check_sm_partition(sm_partition)
     named = schedulers is not None
     items = list(schedulers) if named else list(DEFAULT_SCHEDULERS if mode == "exhaustive" else FAST_SCHEDULERS)
-    timer = timer or default_timer(backend.is_cuda, max(1, -(-repeat // ROUNDS)), number)  # repeat in all rounds
+    timer = timer or rounds_timer(backend.is_cuda, repeat, number)
     phases: dict[str, float] = {}
     clock = time.perf_counter()
     if cost is None:
@@ -285,7 +285,7 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
     if executor is not None and o.captures > 1 and backend.is_cuda:
         clock = time.perf_counter()
         executor, timed_captures = fastest_capture(backend, kept["plan"], o.captures, inputs, timer, executor)
-        best = min(timed_captures, key=lambda r: r["latency_ms"])
+        best = next(r for r in timed_captures if r["kept"])
         kept.update({k: v for k, v in best.items() if k.endswith("_ms")}, compared_ms=kept["latency_ms"],
                     captures_ms=[r["latency_ms"] for r in timed_captures], capture=best["capture"])
         _decide(rows, tolerance, rtol, say=False)  # the kept row is only faster: the same choice, its ratios again
@@ -317,7 +317,8 @@ def fastest_capture(backend: KernelBackend, plan: Schedule, captures: int, input
     checked to give ``first``'s outputs (one that does not is dropped, with an INFO line). All are timed by
     ``timer`` through the call a user makes (``executor.run(inputs)``, the input copy included; the replay where
     ``inputs`` is None) in :data:`ROUNDS` interleaved rounds (:func:`time_rounds`, ``host`` and ``device`` as
-    there). Each row has ``capture`` (its index) and the timing fields of a comparison row."""
+    there). Each row has ``capture`` (its index), ``kept`` (the one returned) and the timing fields of a comparison
+    row."""
     check_captures(captures)
     executors = [first if first is not None else ParallelExecutor(backend, plan)]
     expected = host_arrays(executors[0].run(inputs))
@@ -332,11 +333,19 @@ def fastest_capture(backend: KernelBackend, plan: Schedule, captures: int, input
     time_rounds([(row, (lambda e=e: e.run(inputs)) if inputs is not None else e.run)
                  for row, e in zip(rows, executors, strict=True)], timer, host=host, device=device)
     best = min(range(len(rows)), key=lambda i: rows[i]["latency_ms"])
+    for i, row in enumerate(rows):
+        row["kept"] = i == best
     return executors[best], rows
 
 
 #: interleaved rounds in which every candidate of a comparison is timed (each round starts with another one)
 ROUNDS = 3
+
+
+def rounds_timer(is_cuda: bool, repeat: int, number: int) -> Timer:
+    """The default timer of :func:`time_rounds`: ``repeat`` samples of ``number`` runs in all, spread over its
+    :data:`ROUNDS` rounds (at least one a round)."""
+    return default_timer(is_cuda, max(1, -(-repeat // ROUNDS)), number)
 
 
 def _user_inputs(bases: Sequence[Any]) -> list[Any] | None:
