@@ -1,7 +1,8 @@
 """How far apart are two CUDA Graph captures of one schedule, and does keeping the fastest of several pay?
 
-``capturer(kernels="fused")`` measures each schedule in one capture and returns the kept schedule in another
-(``CapturedSchedule`` captures it again). The twenty-eighth session's priority experiment
+``capturer(kernels="fused")`` measured each schedule in one capture and returned the kept schedule in another
+(``CapturedSchedule`` captured it again; since this script's findings it returns the fastest of several). The
+twenty-eighth session's priority experiment
 (``scripts/exp_node_priority.py``) saw variants that should run alike, each its own capture, differ steadily by up
 to 5 %, and two processes agree on each within 0.12 %. This script builds the fused regions (``FusedBackend``, as
 the capturer compiles them), makes the schedules of greedy (3 and 4 streams), Nimble and Opara, and for each one:
@@ -36,7 +37,7 @@ from typing import Any
 from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
 from bench_fused import relative_err
 from exp_launch_order import fused_regions
-from exp_node_priority import AUTO_FREE_ON_LAUNCH, SCHEDULERS, NodePriorityGraph
+from exp_node_priority import AUTO_FREE_ON_LAUNCH, SCHEDULERS, NodePriorityGraph, schedule_of, sequential_output
 
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -114,8 +115,7 @@ def measure_capturer(name: str, args: Any, cache: Path) -> dict[str, Any]:
     errors = {}
     for arm, i, run in runs:
         with torch.no_grad():
-            out = run(user)
-        errors[(arm, i)] = relative_err(out[0] if isinstance(out, list | tuple) else out, expected)
+            errors[(arm, i)] = relative_err(run(user), expected)
     for r in range(args.rounds):
         for arm, i, run in runs[r % len(runs):] + runs[:r % len(runs)]:
             samples[(arm, i)].append(statistics.median(cuda_event_samples(lambda run=run: run(user), args.repeat,
@@ -137,30 +137,22 @@ def measure_capturer(name: str, args: Any, cache: Path) -> dict[str, Any]:
 
 def measure(name: str, args: Any) -> dict:
     """The captures and instances of each schedule of ``name``'s fused regions, timed side by side."""
-    import torch
 
     from opbench.profile.timer import cuda_event_samples
     from opbench.runtime.executor import ParallelExecutor
-    from opbench.schedule import Greedy, Nimble, Opara, Sequential
 
     backend, _, cost, _, row = fused_regions(name, args)
-    reference = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
-    reference = (reference[0] if isinstance(reference, list | tuple) else reference).detach().clone()
-    made = {"greedy-3": Greedy(3), "greedy-4": Greedy(4), "nimble": Nimble(), "opara": Opara()}
+    reference = sequential_output(backend, cost)
     runs: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[str]] = {}
     for label in args.schedulers:
-        plan = made[label].schedule(backend.graph, cost)
+        plan = schedule_of(label, backend.graph, cost)
         groups[label] = []
         first = None
         for i in range(args.captures):
             executor = ParallelExecutor(backend, plan).capture(keep=True)
-            executor.replay()
-            torch.cuda.synchronize()
-            out = backend.outputs()
-            out = out[0] if isinstance(out, list | tuple) else out
-            key = f"{label} #{i + 1}"
-            runs[key] = {"replay": executor.replay, "err": relative_err(out, reference), "samples": [],
+            key = f"{label} #{i + 1}"  # run(): a replay, returning this capture's outputs
+            runs[key] = {"replay": executor.replay, "err": relative_err(executor.run(), reference), "samples": [],
                          "nodes": node_count(executor.cuda_graph.graph), "memory": addresses(backend),
                          "keep": executor}
             groups[label].append(key)

@@ -67,6 +67,24 @@ class NodePriorityGraph:
         _check(runtime.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream), "cudaGraphLaunch")
 
 
+def schedule_of(label: str, graph: Any, cost: Any) -> Any:
+    """The schedule of one of :data:`SCHEDULERS` for ``graph`` under ``cost``."""
+    from opbench.schedule import Greedy, Nimble, Opara
+
+    scheduler = Greedy(int(label.split("-")[1])) if label.startswith("greedy-") else {"nimble": Nimble,
+                                                                                       "opara": Opara}[label]()
+    return scheduler.schedule(graph, cost)
+
+
+def sequential_output(backend: Any, cost: Any) -> Any:
+    """The first output of ``backend``'s regions run one after another, a copy (what every variant must equal)."""
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.schedule import Sequential
+
+    out = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
+    return (out[0] if isinstance(out, list | tuple) else out).detach().clone()
+
+
 def _urgent_executor(backend: Any, plan: Any, urgent: set[int], high: int) -> Any:
     """A :class:`ParallelExecutor` that launches the ``urgent`` operators on a twin of their stream made with
     priority ``high`` (each stream's order kept by an event between its two twins)."""
@@ -122,8 +140,6 @@ def measure(name: str, args: Any) -> dict:
     from opbench.profile.timer import cuda_event_samples
     from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.graphs import capture_graph
-    from opbench.schedule import Greedy, Nimble, Opara, Sequential
-
     backend, alone, cost, bound, row = fused_regions(name, args)
     ways = through(backend.graph, alone)
     longest = max(ways)
@@ -131,8 +147,7 @@ def measure(name: str, args: Any) -> dict:
                                           for share in args.near}
     low, high = torch.cuda.Stream.priority_range()
     row |= {"urgent_regions": {k: len(v) for k, v in sets.items()}, "priority_range": [low, high]}
-    reference = ParallelExecutor(backend, Sequential().schedule(backend.graph, cost)).run()
-    reference = (reference[0] if isinstance(reference, list | tuple) else reference).detach().clone()
+    reference = sequential_output(backend, cost)
     runs: dict[str, Any] = {}
 
     def add(label: str, executor: Any, node_priority: bool) -> None:
@@ -144,9 +159,8 @@ def measure(name: str, args: Any) -> dict:
         out = out[0] if isinstance(out, list | tuple) else out
         runs[label] = {"replay": graph.replay, "err": relative_err(out, reference), "samples": [], "keep": executor}
 
-    made = {"greedy-3": Greedy(3), "greedy-4": Greedy(4), "nimble": Nimble(), "opara": Opara()}
     for label in args.schedulers:
-        plan = made[label].schedule(backend.graph, cost)
+        plan = schedule_of(label, backend.graph, cost)
         add(label, ParallelExecutor(backend, plan), False)
         add(f"{label}, node priority", ParallelExecutor(backend, plan), True)
         for which, urgent in sets.items():
