@@ -64,6 +64,8 @@ BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
 DTYPE = "float32"  # --dtype
 COLD_CACHES = False  # --cold-caches
 LAYOUT = "inductor"  # --layout
+#: the row of --channels-last-compile
+CHANNELS_LAST_ROW = "torch.compile, channels-last weights"
 
 
 def load(name: str, batch: int):
@@ -209,6 +211,7 @@ def passed_on(args) -> list[str]:
     return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode, "--layout", args.layout]
             + (["--profile-rebuild"] if args.profile_rebuild else [])
             + (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
+            + (["--channels-last-compile"] if args.channels_last_compile else [])
             + (["--cold-caches"] if args.cold_caches else []))
 
 
@@ -331,6 +334,14 @@ def bench(name: str, batch: int, args) -> dict:
         timed["capturer fused + merge"] = call(merged)
     if combo is not None:
         timed["torch.compile + combo kernels"] = call(combo)
+    if args.channels_last_compile:  # what a user who stores the weights channels-last gets from torch.compile
+        import copy
+
+        from opbench.runtime.graphs import CompiledModel
+
+        compiled_cl = CompiledModel(copy.deepcopy(model).to(memory_format=torch.channels_last), inputs)
+        res["torch_compile_channels_last_s"] = compiled_cl.compile_s
+        timed[CHANNELS_LAST_ROW] = call(compiled_cl)
     res["ms"] = side_by_side(timed, args.rounds, args.number)
     res["ms_capturer_timer"], res["host_ms"], res["device_ms"] = capturer_timer(timed, args.repeat, args.number)
     if res["fused_is_row"] is not None:
@@ -341,6 +352,8 @@ def bench(name: str, batch: int, args) -> dict:
     ms = res["ms"]
     res["fused_vs_compile"] = ms["torch.compile"] / ms["capturer fused"]
     res["fused_vs_graph"] = ms["model graph"] / ms["capturer fused"]
+    if CHANNELS_LAST_ROW in ms:
+        res["fused_vs_compile_channels_last"] = ms[CHANNELS_LAST_ROW] / ms["capturer fused"]
     res["gap_to_critical_path"] = ms["capturer fused"] / bound["chain_ms"] - 1
     if "capturer fused + merge" in ms:
         res["merge_vs_fused"] = ms["capturer fused"] / ms["capturer fused + merge"]
@@ -455,6 +468,9 @@ def main() -> int:
     parser.add_argument("--layout", default="inductor", choices=("inductor", "pytorch"),
                         help="the fused capturer's region layout (capturer(layout=...)): inductor (channels-last "
                              "convolutions, the default) or pytorch (the model's own)")
+    parser.add_argument("--channels-last-compile", action="store_true",
+                        help=f"also time '{CHANNELS_LAST_ROW}': torch.compile of the model with its 4-D weights "
+                             "stored channels-last (as the fused regions take them), the input as given")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="cuDNN's benchmark mode (torch.backends.cudnn.benchmark) in the measuring and rebuilding "
                              "processes: every candidate's convolutions use the algorithm cuDNN times fastest")

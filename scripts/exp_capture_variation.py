@@ -21,7 +21,12 @@ With ``--capturer N`` it then times the lever through the user's path: ``capture
 builds the model once (its choice kept in a cache of this run), and the same model is built again from that cache
 ``N`` times with ``captures=1`` (one capture, a draw) and ``N`` times with ``captures`` at its default (the fastest
 of several), alternately; every returned callable is timed through the user's call (``run(x)``, the input copy
-included) in alternating rounds. Writes ``OUT/exp_capture_variation.json`` after every model.
+included) in alternating rounds.
+
+With ``--trace``, every variant is then replayed once under PyTorch's profiler (CUPTI), and its kernels are kept in
+the order they started: name, the stream CUDA ran it on, start and duration (microseconds from the replay's first
+kernel) and the graph node it came from (``traces``), so that a fast and a slow instantiation of one template can be
+compared kernel by kernel. Writes ``OUT/exp_capture_variation.json`` after every model.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_capture_variation.py --out out --models googlenet
 """
@@ -37,12 +42,22 @@ from typing import Any
 from _cli import ROOT, checked_models, experiment_doc, measure_each, model_device_args, timing_args
 from bench_fused import relative_err
 from exp_launch_order import fused_regions
-from exp_node_priority import AUTO_FREE_ON_LAUNCH, SCHEDULERS, NodePriorityGraph, schedule_of, sequential_output
+from exp_node_priority import (
+    AUTO_FREE_ON_LAUNCH,
+    DEVICE_LAUNCH,
+    SCHEDULERS,
+    NodePriorityGraph,
+    schedule_of,
+    sequential_output,
+)
 
 sys.path.insert(0, str(ROOT / "python"))
 
 #: bytes of a large page of the GPU's memory (addresses are summarised modulo it)
 PAGE = 2 << 20
+#: how ``--instance-flags`` instantiates a template again: (flags, upload it at once)
+INSTANCE_FLAGS = {"auto": (AUTO_FREE_ON_LAUNCH, False), "upload": (AUTO_FREE_ON_LAUNCH, True),
+                  "device": (DEVICE_LAUNCH, True)}
 
 
 def node_count(graph: Any) -> int | None:
@@ -135,9 +150,46 @@ def measure_capturer(name: str, args: Any, cache: Path) -> dict[str, Any]:
     return out
 
 
+def _outputs_of(instance: Any, executor: Any) -> Any:
+    """The outputs of one replay of ``instance``, another instantiation of ``executor``'s capture (same addresses:
+    its outputs land where the capture's do)."""
+    import torch
+
+    instance.replay()
+    torch.cuda.synchronize()
+    return list(executor._captured[1])
+
+
+def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
+    """The kernels of one ``replay()`` (after a warm one), from PyTorch's profiler: each as ``[name, stream,
+    start_us, duration_us, graph node id]``, starts counted from the first kernel's, in the order they started."""
+    import json
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    path = folder / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    path.unlink()
+    events.sort(key=lambda e: e["ts"])
+    t0 = events[0]["ts"] if events else 0.0
+    kernels = [[e["name"][:60], e.get("args", {}).get("stream"), round(e["ts"] - t0, 2), round(e["dur"], 2),
+                e.get("args", {}).get("graph node id")] for e in events]
+    span = max((k[2] + k[3] for k in kernels), default=0.0)
+    return {"span_us": round(span, 2), "kernel_us": round(sum(k[3] for k in kernels), 2),
+            "streams": len({k[1] for k in kernels}), "kernels": kernels}
+
+
 def measure(name: str, args: Any) -> dict:
     """The captures and instances of each schedule of ``name``'s fused regions, timed side by side."""
 
+    from opbench.errors import OpBenchError
     from opbench.profile.timer import cuda_event_samples
     from opbench.runtime.executor import ParallelExecutor
 
@@ -158,9 +210,16 @@ def measure(name: str, args: Any) -> dict:
             groups[label].append(key)
             first = first or executor
         for j in range(args.instances):
-            instance = NodePriorityGraph(first.cuda_graph.graph, AUTO_FREE_ON_LAUNCH)
-            runs[f"{label} #1, instance {j + 2}"] = {"replay": instance.replay, "err": runs[f"{label} #1"]["err"],
-                                                     "samples": [], "keep": instance}
+            how = args.instance_flags[j % len(args.instance_flags)]
+            key = f"{label} #1, instance {j + 2}" + ("" if args.instance_flags == ["auto"] else f" ({how})")
+            try:
+                instance = NodePriorityGraph(first.cuda_graph.graph, *INSTANCE_FLAGS[how])
+            except OpBenchError as err:  # e.g. a node kind a graph for device launch cannot hold
+                print(f"{name}: {key}: not instantiated ({err})", flush=True)
+                row.setdefault("not_instantiated", {})[key] = str(err)
+                continue
+            runs[key] = {"replay": instance.replay, "err": relative_err(_outputs_of(instance, first), reference),
+                         "samples": [], "keep": instance}
     labels = list(runs)
     for r in range(args.rounds):  # alternating, the first variant of a round rotating
         for key in labels[r % len(labels):] + labels[:r % len(labels)]:
@@ -168,6 +227,13 @@ def measure(name: str, args: Any) -> dict:
             run["samples"].append(statistics.median(cuda_event_samples(run["replay"], args.repeat, args.number)) * 1e3)
     row["variants"] = {k: {"ms": statistics.median(v["samples"]), "err": v["err"], "samples_ms": v["samples"]}
                        | {f: v[f] for f in ("nodes", "memory") if f in v} for k, v in runs.items()}
+    if args.trace:
+        row["traces"] = {key: kernel_trace(runs[key]["replay"], Path(args.out)) for key in labels}
+        for key in labels:
+            t = row["traces"][key]
+            print(f"{name}: {key:<24} {row['variants'][key]['ms']:.4f} ms; traced: span {t['span_us']:.1f} us, "
+                  f"kernels {len(t['kernels'])} ({t['kernel_us']:.1f} us in all) on {t['streams']} streams",
+                  flush=True)
     row["schedules"] = {}
     for label, keys in groups.items():
         caps = [row["variants"][k]["ms"] for k in keys]
@@ -206,10 +272,18 @@ def main() -> int:
     parser.add_argument("--capturer", type=int, default=0, metavar="N",
                         help="also rebuild capturer(kernels='fused') from its cache N times with one capture and N "
                         "times with the default number, and time them side by side")
+    parser.add_argument("--instance-flags", default="auto",
+                        help=f"comma-separated, taken in turn by the instances: {', '.join(INSTANCE_FLAGS)} (auto: "
+                        "PyTorch's flag; upload: the same, uploaded at once; device: instantiated for device launch)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also replay every variant once under PyTorch's profiler and keep its kernels' timeline")
     parser.add_argument("--schedulers", default="greedy-3,greedy-4,opara",
                         help=f"comma-separated, of: {', '.join(SCHEDULERS)}")
     args = parser.parse_args()
     args.schedulers = args.schedulers.split(",")
+    args.instance_flags = args.instance_flags.split(",")
+    if any(f not in INSTANCE_FLAGS for f in args.instance_flags):
+        parser.error(f"--instance-flags {','.join(args.instance_flags)!r}: accepted: {', '.join(INSTANCE_FLAGS)}")
     unknown = [s for s in args.schedulers if s not in SCHEDULERS]
     if unknown:
         parser.error(f"unknown --schedulers {','.join(unknown)!r} (accepted: {', '.join(SCHEDULERS)})")

@@ -14,7 +14,20 @@ again shows:
 * ``alone``: the ``torch.compile`` baseline timed alone, five times;
 * ``fresh``: a new ``torch.compile`` of the model in this process, timed alone, five times;
 * ``loaded`` (with ``--load N``): the baselines and the kept result again in interleaved rounds while ``N``
-  processes keep ``N`` of the host's cores busy, as a neighbour's compile does.
+  processes keep ``N`` of the host's cores busy, as a neighbour's compile does;
+* with ``--probe``, three more moments after the build, each the interleaved rounds of ``after build`` with one
+  thing changed: ``no combo`` (the rows without the ``torch.compile`` + combo module, a second CUDA Graph tree
+  of the same process), ``gc frozen`` (``gc.collect(); gc.freeze()`` first: the build's objects leave the
+  collector's generations) and ``gc off`` (the collector disabled while a row is timed).
+
+What the host did meanwhile, per entry: the seconds Python's garbage collector ran (``gc_ms_per_call``, by
+generation, from ``gc.callbacks``), the CPU seconds of this process's other threads (``other_threads_cpu_s``) and
+of its child processes (``children_cpu_s``, Inductor's compile workers), and the host time of the first call of
+the entry (``host_first_ms``: the call right after another row's, where a CUDA Graph tree may switch paths),
+the time of a fixed pure-Python loop just before the entry (``python_loop_ms``: the host's own speed, whatever
+the call does) and the clock of the core the process ran on (``cpu_mhz``, from ``/proc/cpuinfo``). With
+``--profile-calls``, each ``torch.compile`` entry also profiles ``number`` calls (cProfile) and keeps the
+functions of most own time (``profile``), so that two moments' calls can be compared function by function.
 
 Every entry also records the host's CPU use since the previous entry (all cores, percent) and the host
 seconds one call takes to return (``host_ms_per_call``: ``number`` calls without waiting for the GPU): a call
@@ -33,11 +46,13 @@ Writes ``OUT/exp_compile_moment.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +97,10 @@ def main() -> int:
                              "a CUDA Graph replay shows as cudaGraphLaunch, an eager run as one launch per kernel")
     parser.add_argument("--load", type=int, default=0,
                         help="also time the candidates while this many busy processes take the host's cores")
+    parser.add_argument("--profile-calls", action="store_true",
+                        help="profile each torch.compile entry's calls (cProfile) and keep the top functions")
+    parser.add_argument("--probe", action="store_true",
+                        help="also time the rounds without the combo row, with the collector frozen and with it off")
     parser.add_argument("--cold", action="store_true",
                         help="empty Inductor and OpBench caches (new folders under --out), as on a new machine")
     args = parser.parse_args()
@@ -112,12 +131,84 @@ def main() -> int:
         got = _nvml_clock_and_throttle()
         return got[0] if got else None
 
+    process = psutil.Process()
+    main_thread = threading.main_thread().native_id
+    collecting: dict = {"since": 0.0, "s": [0.0, 0.0, 0.0], "n": [0, 0, 0]}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collecting["since"] = time.perf_counter()
+        else:
+            collecting["s"][info["generation"]] += time.perf_counter() - collecting["since"]
+            collecting["n"][info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
+    gc_off = [False]
+
+    def cpu_of_others() -> tuple[float, float]:
+        threads = sum(t.user_time + t.system_time for t in process.threads() if t.id != main_thread)
+        children = 0.0
+        for child in process.children(recursive=True):
+            try:
+                times = child.cpu_times()
+                children += times.user + times.system
+            except psutil.Error:
+                pass
+        return threads, children
+
+    def python_loop_ms() -> float:
+        start = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i
+        return (time.perf_counter() - start) * 1e3
+
+    def cpu_mhz() -> float | None:
+        try:
+            core = process.cpu_num()
+            blocks = Path("/proc/cpuinfo").read_text().split("\n\n")
+            for block in blocks:
+                fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+                if fields.get("processor\t", "").strip() == str(core):
+                    return float(fields["cpu MHz\t\t"])
+        except (OSError, KeyError, ValueError, psutil.Error):
+            return None
+        return None
+
+    def profiled(run) -> list:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        torch.cuda.synchronize()
+        profiler.enable()
+        for _ in range(args.number):
+            run()
+        profiler.disable()
+        torch.cuda.synchronize()
+        stats = pstats.Stats(profiler).stats
+        top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:25]
+        return [[f"{Path(f).name}:{line}:{name}", calls, own / args.number * 1e3, cum / args.number * 1e3]
+                for (f, line, name), (_, calls, own, cum, _) in top]
+
     def timer(label: str, run):
+        loop_ms, mhz = python_loop_ms(), cpu_mhz()
         clocks = [clock()]
+        torch.cuda.synchronize()
+        first = time.perf_counter()
+        run()
+        first = time.perf_counter() - first
+        torch.cuda.synchronize()
+        others = cpu_of_others()
+        collected = (list(collecting["s"]), list(collecting["n"]))
+        if gc_off[0]:
+            gc.disable()
         before, cpu, wall = counters(), time.process_time(), time.perf_counter()
         samples = base(label, run)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         host = host_seconds(run, args.number, torch.cuda.synchronize)
+        gc.enable()
+        others = [b - a for a, b in zip(others, cpu_of_others(), strict=True)]
         clocks.append(clock())
         calls = len(samples) * args.number
         after = counters()
@@ -125,9 +216,17 @@ def main() -> int:
                     "samples_ms": [s * 1e3 for s in samples], "wall_ms_per_call": wall / calls * 1e3,
                     "cpu_ms_per_call": cpu / calls * 1e3, "host_ms_per_call": host * 1e3,
                     "host_cpu_percent": psutil.cpu_percent(None), "sm_clock_mhz_before_after": clocks,
+                    "host_first_ms": first * 1e3, "python_loop_ms": loop_ms, "cpu_mhz": mhz,
+                    "gc_ms_per_call": [(b - a) / (calls + args.number) * 1e3
+                                       for a, b in zip(collected[0], collecting["s"], strict=True)],
+                    "gc_collections": [b - a for a, b in zip(collected[1], collecting["n"], strict=True)],
+                    "other_threads_cpu_s": others[0], "children_cpu_s": others[1],
+                    "threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
                     "counters": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})
         if args.launches and label.startswith("torch.compile"):
             log[-1]["launches"] = launches(run)
+        if args.profile_calls and label.startswith("torch.compile"):
+            log[-1]["profile"] = profiled(run)
         return samples
 
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, timer=timer)
@@ -140,6 +239,18 @@ def main() -> int:
     moment[0] = "after build"
     rows = [({"schedule": b.label}, call(b)) for b in fused.baselines] + [({"schedule": "capturer"}, call(fused))]
     time_rounds(rows, timer)
+    if args.probe:
+        moment[0] = "no combo"
+        time_rounds([(row, run) for row, run in rows if "combo" not in row["schedule"]], timer)
+        moment[0] = "gc frozen"
+        gc.collect()
+        gc.freeze()
+        time_rounds(rows, timer)
+        gc.unfreeze()
+        moment[0] = "gc off"
+        gc_off[0] = True
+        time_rounds(rows, timer)
+        gc_off[0] = False
     moment[0] = "alone"
     for _ in range(5):
         timer("torch.compile", call(compiled))
@@ -159,16 +270,27 @@ def main() -> int:
                 proc.wait()
     summary: dict = {}
     host: dict = {}
+    probes: dict = {}
     for entry in log:
-        summary.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["median_ms"])
-        host.setdefault(f"{entry['moment']} / {entry['label']}", []).append(entry["host_ms_per_call"])
+        key = f"{entry['moment']} / {entry['label']}"
+        summary.setdefault(key, []).append(entry["median_ms"])
+        host.setdefault(key, []).append(entry["host_ms_per_call"])
+        for name in ("host_first_ms", "other_threads_cpu_s", "children_cpu_s", "python_loop_ms"):
+            probes.setdefault(key, {}).setdefault(name, []).append(entry[name])
+        probes[key].setdefault("gc_ms_per_call", []).append(sum(entry["gc_ms_per_call"]))
     result = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "device": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "cold": args.cold, "build_s": fused.build_s, "table": table,
               "median_ms": {k: statistics.median(v) for k, v in summary.items()},
-              "host_ms_per_call": {k: statistics.median(v) for k, v in host.items()}, "log": log}
+              "host_ms_per_call": {k: statistics.median(v) for k, v in host.items()},
+              "probes": {k: {name: statistics.median(v) for name, v in p.items()} for k, p in probes.items()},
+              "log": log}
     (out / "exp_compile_moment.json").write_text(json.dumps(result, indent=1, default=str))
     for key, value in result["median_ms"].items():
-        print(f"{key:<60}{value:9.4f} ms  (host {result['host_ms_per_call'][key]:.4f} ms a call)")
+        p = result["probes"][key]
+        print(f"{key:<52}{value:9.4f} ms  host {result['host_ms_per_call'][key]:.4f} ms a call, first "
+              f"{p['host_first_ms']:.3f}, gc {p['gc_ms_per_call']:.4f} ms a call, other threads "
+              f"{p['other_threads_cpu_s']:.3f} s, children {p['children_cpu_s']:.3f} s, "
+              f"loop {p['python_loop_ms']:.2f} ms")
     return 0
 
 

@@ -14,7 +14,11 @@ again from its store in new processes, alternating, and records where those late
 ``--variants`` picks other Inductor settings to build the regions with, side by side in the same way
 (:data:`VARIANTS`): ``max_autotune`` lets Inductor time its Triton templates for convolutions and matrix products
 against the library kernels and take the faster (a template fuses the operators after it into its kernel), at a
-compile that times every candidate.
+compile that times every candidate. ``weights_channels_last`` builds Inductor's layout from the model with its
+4-D parameters and buffers stored channels-last once (``model.to(memory_format=torch.channels_last)``): a region
+takes its weights as inputs, so a weight Inductor wants channels-last and gets in PyTorch's layout is copied into
+it on every call (a ``triton_poi_fused_convolution_*`` kernel before the convolution). Each variant's kernels per
+replay of the sequential schedule are counted under PyTorch's profiler (``kernels``, ``kernels_by_name``).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -39,7 +43,34 @@ sys.path.insert(0, str(ROOT / "python"))
 
 #: each variant's Inductor settings (``torch._inductor.config``) while its regions compile
 VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
-            "max_autotune": {"max_autotune": True}}
+            "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True}}
+#: variants built from the model with its 4-D parameters and buffers channels-last
+WEIGHTS_CHANNELS_LAST = {"weights_channels_last"}
+
+
+def _variant_model(model: Any, layout: str) -> Any:
+    """``model`` as the variant ``layout`` builds from: a channels-last copy for :data:`WEIGHTS_CHANNELS_LAST`."""
+    import copy
+
+    import torch
+
+    return copy.deepcopy(model).to(memory_format=torch.channels_last) if layout in WEIGHTS_CHANNELS_LAST else model
+
+
+def kernels_by_name(replay: Any) -> dict[str, int]:
+    """How many kernels of each kind one ``replay()`` runs (PyTorch's profiler), by the name's first words."""
+    from collections import Counter
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return dict(Counter("_".join(n.split("<")[0].split("_")[:4]) for n in names).most_common())
 
 
 def _model(name: str, batch: int, dtype: str, device: str) -> tuple[Any, Any]:
@@ -69,7 +100,7 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
 def later_build(name: str, batch: int, dtype: str, device: str, layout: str, store: Path) -> dict:
     """A build from ``store`` in this (new) process: its seconds and where the regions' went."""
     model, x = _model(name, batch, dtype, device)
-    backend, seconds = build(model, x, layout, store)
+    backend, seconds = build(_variant_model(model, layout), x, layout, store)
     return {"build_s": seconds, "regions_s": backend.compile_s, "built": backend.built,
             "seconds": backend.compile_seconds}
 
@@ -89,13 +120,16 @@ def measure(name: str, args: Any, out: Path) -> dict:
     runs: dict[tuple[str, str], Any] = {}
     for layout in args.variants:
         store = out / "stores" / f"{name}_{args.batch}_{args.dtype}_{layout}"
-        backend, seconds = build(model, x, layout, store)
+        backend, seconds = build(_variant_model(model, layout), x, layout, store)
         variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built}
         for scheduler in (Sequential(), Greedy(4)):
             executor = ParallelExecutor(backend, scheduler.schedule(backend.graph))
             got = executor.run()
             variant[f"{scheduler.name}_err"] = relative_err(got[0] if isinstance(got, list | tuple) else got, ref)
             runs[(layout, scheduler.name)] = executor
+            if args.device == "cuda" and scheduler.name == "sequential":
+                variant["kernels_by_name"] = kernels_by_name(executor.cuda_graph.replay)
+                variant["kernels"] = sum(variant["kernels_by_name"].values())
         row["variants"][layout] = variant
         print(f"{name} {layout}: built in {seconds:.1f} s {backend.built}", flush=True)
     samples: dict[tuple[str, str], list[float]] = {key: [] for key in runs}

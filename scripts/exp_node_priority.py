@@ -41,15 +41,20 @@ sys.path.insert(0, str(ROOT / "python"))
 USE_NODE_PRIORITY = 8
 #: cudaGraphInstantiateFlagAutoFreeOnLaunch, the flag PyTorch's ``CUDAGraph`` instantiates with
 AUTO_FREE_ON_LAUNCH = 1
+#: cudaGraphInstantiateFlagDeviceLaunch: an executable graph that lives on the device (uploaded before launch)
+DEVICE_LAUNCH = 4
 #: the schedules this script can make (greedy with 3 and 4 streams)
 SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
 
 
 class NodePriorityGraph:
     """A kept CUDA Graph template instantiated again, by default with ``cudaGraphInstantiateFlagUseNodePriority``
-    (``flags``: ``cudaGraphInstantiateWithFlags``'s; PyTorch instantiates with :data:`AUTO_FREE_ON_LAUNCH`)."""
+    (``flags``: ``cudaGraphInstantiateWithFlags``'s; PyTorch instantiates with :data:`AUTO_FREE_ON_LAUNCH`).
+    ``upload``: upload the executable graph to the device at once (``cudaGraphUpload``), which a graph instantiated
+    for device launch (:data:`DEVICE_LAUNCH`) needs before its first launch."""
 
-    def __init__(self, graph: Any, flags: int = USE_NODE_PRIORITY) -> None:
+    def __init__(self, graph: Any, flags: int = USE_NODE_PRIORITY, upload: bool = False) -> None:
+        import torch
         from cuda.bindings import runtime
 
         from opbench.runtime.green import _check
@@ -57,6 +62,9 @@ class NodePriorityGraph:
         self.graph = graph  # keeps the template alive
         self.exec = _check(runtime.cudaGraphInstantiateWithFlags(graph.raw_cuda_graph(), flags),
                              "cudaGraphInstantiateWithFlags")
+        if upload:
+            _check(runtime.cudaGraphUpload(self.exec, torch.cuda.current_stream().cuda_stream), "cudaGraphUpload")
+            torch.cuda.synchronize()
 
     def replay(self) -> None:
         import torch

@@ -94,15 +94,18 @@ def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
 
 
 class TwoBlocks(torch.nn.Module):
-    """Two blocks of one structure and different weights, one after the other."""
+    """Two blocks of one structure and different weights, one after the other, each behind a convolution (whose
+    output is channels-last in Inductor's layout, where the regions take channels-last weights: both blocks then
+    take their input in one layout)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first, self.second = Block(), Block()
+        self.stem = torch.nn.Conv2d(8, 8, 3, padding=1)
         self.squeeze = torch.nn.Conv2d(24, 8, 1)
 
     def forward(self, x):
-        return self.second(self.squeeze(self.first(torch.cat([x, x, x], 1)[:, :8])))
+        return self.second(self.squeeze(self.first(self.stem(torch.cat([x, x, x], 1)[:, :8]))))
 
 
 def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp_path, monkeypatch):
@@ -482,6 +485,58 @@ def test_the_pytorch_layout_compiles_without_layout_optimization_under_keys_of_i
     assert text.endswith("; regions in pytorch's layout"), text
 
 
+@pytest.mark.parametrize("layout", ["inductor", "pytorch"])
+def test_regions_take_channels_last_weights_in_inductor_s_layout_and_the_model_keeps_its_own(block, tmp_path,
+                                                                                          monkeypatch, layout):
+    """In Inductor's layout every region is compiled for (and called with) its 3x3 convolutions' weights stored
+    channels-last, so that no call copies them into that layout; in PyTorch's, as the model has them. Either way the
+    caller's model keeps its own weights, untouched, and the regions' outputs equal the model's."""
+    from opbench.runtime import fused
+
+    model, x = block
+    with torch.no_grad():
+        expected = model(x)
+    before = {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
+    seen, standalone = [], torch._inductor.standalone_compile
+
+    def recording(graph, values, *args, **kwargs):
+        seen.extend(v.is_contiguous(memory_format=torch.channels_last) for v in values
+                    if isinstance(v, torch.Tensor) and tuple(v.shape) == (8, 8, 3, 3))
+        return standalone(graph, values, *args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", recording)
+    backend = fused.FusedBackend(model, [x], store=tmp_path / "regions", layout=layout)
+    assert len(seen) == 2 and seen == [layout == "inductor"] * 2, seen  # the two 3x3 convolutions' weights
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    assert {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()} == before
+
+
+def test_weights_channels_last_copies_only_what_it_converts():
+    from opbench.runtime.fused import weights_channels_last
+
+    linear = torch.nn.Linear(4, 4)
+    assert weights_channels_last(linear) is linear  # nothing 4-D
+    conv = torch.nn.Conv2d(2, 3, 3)
+    converted = weights_channels_last(conv)
+    assert converted is not conv and converted.weight.is_contiguous(memory_format=torch.channels_last)
+    assert conv.weight.is_contiguous() and not conv.weight.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(converted.weight, conv.weight)
+    assert weights_channels_last(converted) is converted  # already channels-last
+    depthwise = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3), torch.nn.Conv2d(4, 4, 3, groups=4))
+    assert weights_channels_last(depthwise) is depthwise  # grouped convolutions: left in the model's layout
+
+    class Functional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 1, 3, 3))
+
+        def forward(self, x):
+            return torch.nn.functional.conv2d(x, self.w, None, 1, 0, 1, 4)
+
+    traced = torch.fx.symbolic_trace(Functional())
+    assert weights_channels_last(traced) is traced  # a grouped convolution called in the traced graph
+
+
 def test_the_capturer_builds_a_saved_cut_in_its_saved_layout_and_otherwise_in_the_one_asked(monkeypatch):
     from opbench import parallel
     from opbench.schedule import Schedule
@@ -632,8 +687,8 @@ def test_regions_handed_padded_strides_by_their_producer_compile_for_them_or_cop
         monkeypatch.setattr(fused, "_compile_for_handed_strides", lambda *args: [])
     torch.manual_seed(0)
     model, x = ChannelSplit().eval(), torch.randn(4, 8, 7, 7)
-    with torch._inductor.config.patch(disable_padding_cpu=False):
-        backend = fused.FusedBackend(model, [x], store=None)
+    with torch._inductor.config.patch(disable_padding_cpu=False):  # contiguous in eager, padded by Inductor
+        backend = fused.FusedBackend(model, [x], store=None, layout="pytorch")
         out = _greedy(backend)[0]
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
