@@ -15,10 +15,13 @@ again from its store in new processes, alternating, and records where those late
 (:data:`VARIANTS`): ``max_autotune`` lets Inductor time its Triton templates for convolutions and matrix products
 against the library kernels and take the faster (a template fuses the operators after it into its kernel), at a
 compile that times every candidate. ``weights_channels_last`` builds Inductor's layout from the model with its
-4-D parameters and buffers stored channels-last once (``model.to(memory_format=torch.channels_last)``): a region
-takes its weights as inputs, so a weight Inductor wants channels-last and gets in PyTorch's layout is copied into
-it on every call (a ``triton_poi_fused_convolution_*`` kernel before the convolution). Each variant's kernels per
-replay of the sequential schedule are counted under PyTorch's profiler (``kernels``, ``kernels_by_name``).
+4-D parameters and buffers stored channels-last once (``model.to(memory_format=torch.channels_last)``, grouped
+convolutions too): a region takes its weights as inputs, so a weight Inductor wants channels-last and gets in
+PyTorch's layout is copied into it on every call (a ``triton_poi_fused_convolution_*`` kernel before the
+convolution). ``FusedBackend`` now stores them so itself in Inductor's layout
+(``opbench.runtime.fused.weights_channels_last``); every other variant is built with that step left out, from the
+weights as the model has them, as before it. Each variant's kernels per replay of the sequential schedule are
+counted under PyTorch's profiler (``kernels``, ``kernels_by_name``).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -33,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +61,14 @@ def _variant_model(model: Any, layout: str) -> Any:
     return copy.deepcopy(model).to(memory_format=torch.channels_last) if layout in WEIGHTS_CHANNELS_LAST else model
 
 
-def kernels_by_name(replay: Any) -> dict[str, int]:
-    """How many kernels of each kind one ``replay()`` runs (PyTorch's profiler), by the name's first words."""
+def kernels_by_name(replay: Any, folder: Path) -> dict[str, int]:
+    """How many kernels of each kind one ``replay()`` runs (:func:`exp_capture_variation.kernel_trace`), by the
+    name's first words."""
     from collections import Counter
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from exp_capture_variation import kernel_trace
 
-    replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = [k[0] for k in kernel_trace(replay, folder)["kernels"]]
     return dict(Counter("_".join(n.split("<")[0].split("_")[:4]) for n in names).most_common())
 
 
@@ -87,13 +86,17 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
     """``FusedBackend(model)`` with Inductor's settings as the variant ``layout`` says (:data:`VARIANTS`), its
     regions kept in ``store`` and compiled in this process (the settings hold here, not in worker processes);
     and its seconds."""
+    from unittest import mock
+
     import torch
 
-    from opbench.runtime.fused import FusedBackend
+    from opbench.runtime import fused
 
+    as_given = layout not in WEIGHTS_CHANNELS_LAST  # the weights as the model has them: the backend's step left out
     clock = time.perf_counter()
-    with torch._inductor.config.patch(VARIANTS[layout]):
-        backend = FusedBackend(model, [x], store=store, jobs=1)
+    with torch._inductor.config.patch(VARIANTS[layout]), \
+            mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext():
+        backend = fused.FusedBackend(model, [x], store=store, jobs=1)
     return backend, time.perf_counter() - clock
 
 
@@ -128,7 +131,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
             variant[f"{scheduler.name}_err"] = relative_err(got[0] if isinstance(got, list | tuple) else got, ref)
             runs[(layout, scheduler.name)] = executor
             if args.device == "cuda" and scheduler.name == "sequential":
-                variant["kernels_by_name"] = kernels_by_name(executor.cuda_graph.replay)
+                variant["kernels_by_name"] = kernels_by_name(executor.cuda_graph.replay, out)
                 variant["kernels"] = sum(variant["kernels_by_name"].values())
         row["variants"][layout] = variant
         print(f"{name} {layout}: built in {seconds:.1f} s {backend.built}", flush=True)
