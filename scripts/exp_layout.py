@@ -21,7 +21,11 @@ PyTorch's layout is copied into it on every call (a ``triton_poi_fused_convoluti
 convolution). ``FusedBackend`` now stores them so itself in Inductor's layout
 (``opbench.runtime.fused.weights_channels_last``); every other variant is built with that step left out, from the
 weights as the model has them, as before it. Each variant's kernels per replay of the sequential schedule are
-counted under PyTorch's profiler (``kernels``, ``kernels_by_name``).
+counted under PyTorch's profiler (``kernels``, ``kernels_by_name``). ``conv_relu`` is ``FusedBackend``'s own build
+on a GPU: the weights channels-last, and every convolution -> eval batch norm -> ReLU chain one call of cuDNN's
+fused convolution + bias + ReLU (``opbench.ir.conv_relu``), where the other variants leave out that step: one
+kernel where they run a convolution and a Triton kernel for the batch norm and ReLU after it (``conv_relu``: how
+many chains).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -47,18 +51,22 @@ sys.path.insert(0, str(ROOT / "python"))
 
 #: each variant's Inductor settings (``torch._inductor.config``) while its regions compile
 VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
-            "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True}}
+            "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True},
+            "conv_relu": {"layout_optimization": True}}
 #: variants built from the model with its 4-D parameters and buffers channels-last
-WEIGHTS_CHANNELS_LAST = {"weights_channels_last"}
+WEIGHTS_CHANNELS_LAST = {"weights_channels_last", "conv_relu"}
 
 
 def _variant_model(model: Any, layout: str) -> Any:
-    """``model`` as the variant ``layout`` builds from: a channels-last copy for :data:`WEIGHTS_CHANNELS_LAST`."""
+    """``model`` as the variant ``layout`` builds from: a channels-last copy for ``weights_channels_last``, the model
+    as it is for ``conv_relu`` (whose build takes the library's channels-last step)."""
     import copy
 
     import torch
 
-    return copy.deepcopy(model).to(memory_format=torch.channels_last) if layout in WEIGHTS_CHANNELS_LAST else model
+    if layout == "weights_channels_last":
+        return copy.deepcopy(model).to(memory_format=torch.channels_last)
+    return model
 
 
 def kernels_by_name(replay: Any, folder: Path) -> dict[str, int]:
@@ -96,7 +104,7 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
     clock = time.perf_counter()
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext():
-        backend = fused.FusedBackend(model, [x], store=store, jobs=1)
+        backend = fused.FusedBackend(model, [x], store=store, jobs=1, conv_relu=layout == "conv_relu")
     return backend, time.perf_counter() - clock
 
 
@@ -124,7 +132,8 @@ def measure(name: str, args: Any, out: Path) -> dict:
     for layout in args.variants:
         store = out / "stores" / f"{name}_{args.batch}_{args.dtype}_{layout}"
         backend, seconds = build(_variant_model(model, layout), x, layout, store)
-        variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built}
+        variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built,
+                   "conv_relu": backend.conv_relu_chains}
         for scheduler in (Sequential(), Greedy(4)):
             executor = ParallelExecutor(backend, scheduler.schedule(backend.graph))
             got = executor.run()

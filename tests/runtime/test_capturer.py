@@ -221,6 +221,21 @@ def test_a_candidate_whose_outputs_are_off_is_refused(model_and_input, monkeypat
     assert default_rtol([x]) == RTOL["float32"] and default_rtol([x.half()]) == RTOL["float16"] > RTOL["float32"]
     assert default_rtol([x.bfloat16()]) == RTOL["bfloat16"]
 
+    class OnGpu:  # a float32 input on a GPU, as default_rtol reads it
+        dtype, is_cuda = torch.float32, True
+
+        def is_floating_point(self):
+            return True
+
+    settings = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        for cudnn, matmul, expected in ((True, False, "tf32"), (False, True, "tf32"), (False, False, "float32")):
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+            assert default_rtol([OnGpu()]) == RTOL[expected] and default_rtol([x]) == RTOL["float32"]
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = settings
+    assert RTOL["tf32"] == RTOL["float16"]
+
 
 def test_the_combo_kernels_row_is_offered_and_can_win(model_and_input, monkeypatch):
     """torch.compile with Inductor's horizontal fusion is a candidate beside plain torch.compile (both built

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,6 +109,19 @@ class TwoBlocks(torch.nn.Module):
         return self.second(self.squeeze(self.first(self.stem(torch.cat([x, x, x], 1)[:, :8]))))
 
 
+def _after_the_workers(artifact_here):
+    """``RegionCompiler._artifact`` in a process slower than its workers: it waits for a structure handed to them
+    (up to two minutes) and then loads their code."""
+    def after_the_workers(self, graph, values, key):
+        for _ in range(1200):
+            if key not in self._given or self._path(key).is_file():
+                break
+            time.sleep(0.1)
+        return artifact_here(self, graph, values, key)
+
+    return after_the_workers
+
+
 def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp_path, monkeypatch):
     from opbench.runtime import fused
     from opbench.runtime.fused import FusedBackend
@@ -171,17 +185,8 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     monkeypatch.setattr(fused, "COLD_S", 1e3)  # the first two compiled here were quick: no workers
     assert built(tmp_path / "warm", jobs=2).built == first.built
     monkeypatch.setattr(fused, "COLD_S", 0.0)  # they were slow: workers compile the rest, from the last
-    artifact_here = fused.RegionCompiler._artifact
-
-    def after_the_workers(self, graph, values, key):  # this process slower than the workers: it loads their code
-        for _ in range(1200):
-            if key not in self._given or self._path(key).is_file():
-                break
-            time.sleep(0.1)
-        return artifact_here(self, graph, values, key)
-
     with monkeypatch.context() as patched:
-        patched.setattr(fused.RegionCompiler, "_artifact", after_the_workers)
+        patched.setattr(fused.RegionCompiler, "_artifact", _after_the_workers(fused.RegionCompiler._artifact))
         workers = built(tmp_path / "workers", jobs=2)
     assert workers.built == {"compiled": fused.PROBES, "compiled_by_workers": first.built["compiled"] - fused.PROBES,
                              "shared": first.built["shared"]}
@@ -759,3 +764,80 @@ def test_a_region_s_check_takes_a_size_traced_as_a_tuple_for_the_size():
     assert _close((x, (2, 3)), (x, torch.Size([2, 3])))
     assert not _close((x, (2, 4)), (x, torch.Size([2, 3])))
     assert not _close((x, (2, 3)), (x, [2, 3])) and not _close((x + 1, (2, 3)), (x, torch.Size([2, 3])))
+
+
+class BasicConv(torch.nn.Module):
+    """torchvision's ``BasicConv2d``: convolution, batch norm, functional in-place ReLU."""
+
+    def __init__(self, cin: int, cout: int, k: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(cin, cout, k, padding=k // 2, bias=False)
+        self.bn = torch.nn.BatchNorm2d(cout, eps=0.001)
+
+    def forward(self, x):
+        return torch.nn.functional.relu(self.bn(self.conv(x)), inplace=True)
+
+
+class Chains(torch.nn.Module):
+    """An inception block of ``BasicConv`` branches behind a ``BasicConv`` stem: five chains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = BasicConv(3, 8, 3)
+        self.a, self.b1, self.b2 = BasicConv(8, 4, 1), BasicConv(8, 4, 1), BasicConv(4, 4, 3)
+        self.c = BasicConv(8, 4, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return torch.cat([self.a(x), self.b2(self.b1(x)), self.c(x)], 1)
+
+
+@pytest.mark.slow
+def test_chains_run_as_one_call_through_workers_a_saved_cut_and_a_later_process(tmp_path, monkeypatch):
+    """``conv_relu=True``: every chain is one call, in regions that worker processes compile and a later process
+    loads; outputs equal the model's; the saved cut builds the same regions again. On the CPU the default leaves
+    the graph as it is."""
+    from opbench.pipeline.compile import saved_cut, torch_backend
+    from opbench.runtime import fused
+
+    torch.manual_seed(0)
+    model = Chains().eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    assert fused.FusedBackend(model, [x], store=None).conv_relu_chains == 0  # the default, on the CPU
+    monkeypatch.setattr(fused, "WORKERS_FROM", 1)
+    monkeypatch.setattr(fused, "COLD_S", 0.0)
+    with monkeypatch.context() as patched:
+        patched.setattr(fused.RegionCompiler, "_artifact", _after_the_workers(fused.RegionCompiler._artifact))
+        backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=2, conv_relu=True)
+    assert backend.conv_relu_chains == 5 and not backend.fallbacks
+    assert backend.built.get("compiled_by_workers", 0) >= 1, backend.built
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    meta = backend.schedule_meta()
+    assert meta["conv_relu"] is True and saved_cut(meta)["conv_relu"] is True
+    assert saved_cut({"regions": [["x"]]})["conv_relu"] is False  # a schedule saved before chains were fused
+    again = torch_backend(model, [x], kernels="fused", **saved_cut(meta))
+    assert again.regions == backend.regions and again.conv_relu_chains == 5
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    torch.save(x, tmp_path / "x.pt")
+    here = str(Path(__file__).parent)
+    later = subprocess.run([sys.executable, "-c", f"""
+import sys, torch
+sys.path.insert(0, {here!r})
+from test_fused import Chains, _greedy
+from opbench.runtime.fused import FusedBackend
+model = Chains().eval()
+model.load_state_dict(torch.load({str(tmp_path / "state.pt")!r}))
+x = torch.load({str(tmp_path / "x.pt")!r})
+backend = FusedBackend(model, [x], store={str(tmp_path)!r}, jobs=1, conv_relu=True)
+with torch.no_grad():
+    print(sorted(backend.built), torch.allclose(_greedy(backend)[0], model(x), rtol=1e-4, atol=1e-5))
+"""], capture_output=True, text=True, timeout=300, check=False)
+    assert later.returncode == 0, later.stderr[-2000:]
+    built, equal = later.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    assert "compiled" not in built and "loaded" in built and equal == "True", later.stdout

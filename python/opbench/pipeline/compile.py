@@ -192,6 +192,10 @@ class BackendSpec(Spec):
         For fused kernels, the layout of the regions' convolutions (:data:`opbench.runtime.fused.LAYOUTS`):
         ``inductor`` (Inductor's choice) or ``pytorch`` (the model's own: later builds start sooner where the model
         has grouped convolutions); a saved fused schedule's ``meta["layout"]``.
+    conv_relu:
+        For fused kernels, whether each convolution -> eval batch norm -> ReLU chain runs as one cuDNN call
+        (``FusedBackend(conv_relu=)``): ``None`` decides (on a GPU, in Inductor's layout, without grouped
+        convolutions); a saved fused schedule's ``meta["conv_relu"]``.
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -208,6 +212,7 @@ class BackendSpec(Spec):
     combo: bool = False
     combo_regions: tuple[int, ...] | None = None
     layout: str = DEFAULT_LAYOUT
+    conv_relu: bool | None = None
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
@@ -227,6 +232,8 @@ class BackendSpec(Spec):
         if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
             raise SpecError("combo_regions", f"combo_regions {list(self.combo_regions)!r}: region indices are whole "
                                              "numbers from 0 (a saved schedule's meta['combo'])")
+        if self.conv_relu not in (None, True, False):
+            raise SpecError("conv_relu", f"conv_relu {self.conv_relu!r} (accepted: true, false, or null to decide)")
         check_positive(self, ("repeat", "number"))
 
 
@@ -263,7 +270,7 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
         fused = KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
                                      regions=regions, trace=trace, costs=costs, merge=merge or False,
                                      combo=list(o.combo_regions) if o.combo_regions is not None else o.combo,
-                                     layout=o.layout)
+                                     layout=o.layout, conv_relu=o.conv_relu)
         choose_combo(fused, repeat, number)
         return fused
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
@@ -288,13 +295,15 @@ def combo_in_regions(compiled: bool | Sequence[str] | None, kernels: str) -> boo
 def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`BackendSpec` fields that build a saved fused schedule's regions again, from its ``meta``: the cut
     (``regions``), the merged groups it names (``merged``), the regions that ran combo-kernel code
-    (``combo_regions``; none for a schedule saved before they could) and the layout of their convolutions
-    (``layout``; Inductor's for one saved before it could be chosen); ``{}`` for a schedule without a cut."""
+    (``combo_regions``; none for a schedule saved before they could), the layout of their convolutions
+    (``layout``; Inductor's for one saved before it could be chosen) and whether convolution -> batch norm -> ReLU
+    chains ran as one call (``conv_relu``; not for one saved before they could); ``{}`` for a schedule without a
+    cut."""
     regions = (meta or {}).get("regions")
     if not regions:
         return {}
     return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ()),
-            "layout": meta.get("layout") or DEFAULT_LAYOUT}
+            "layout": meta.get("layout") or DEFAULT_LAYOUT, "conv_relu": bool(meta.get("conv_relu", False))}
 
 
 #: how much faster (relative median) a region's combo-kernel code must run to be kept over its default code: at a
