@@ -408,6 +408,9 @@ class CapturedSchedule:
             text += f"; {len(combo)} region{'s' * (len(combo) != 1)} with combo kernels"
         if getattr(self.backend, "layout", DEFAULT_LAYOUT) != DEFAULT_LAYOUT:
             text += f"; regions in {self.backend.layout}'s layout"
+        chains = getattr(self.backend, "conv_relu_chains", 0)
+        if chains:
+            text += f"; {chains} convolution -> batch norm -> ReLU chain{'s' * (chains != 1)} as one cuDNN call each"
         return text
 
     def dump(self, path: str | Path) -> Path:

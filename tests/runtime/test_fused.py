@@ -809,13 +809,21 @@ def test_chains_run_as_one_call_through_workers_a_saved_cut_and_a_later_process(
     x = torch.randn(1, 3, 10, 10)
     with torch.no_grad():
         expected = model(x)
-    assert fused.FusedBackend(model, [x], store=None).conv_relu_chains == 0  # the default, on the CPU
+    unfused = fused.FusedBackend(model, [x], store=None)
+    assert unfused.conv_relu_chains == 0  # the default, on the CPU
     monkeypatch.setattr(fused, "WORKERS_FROM", 1)
     monkeypatch.setattr(fused, "COLD_S", 0.0)
     with monkeypatch.context() as patched:
         patched.setattr(fused.RegionCompiler, "_artifact", _after_the_workers(fused.RegionCompiler._artifact))
         backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=2, conv_relu=True)
     assert backend.conv_relu_chains == 5 and not backend.fallbacks
+    flops = [sum(op.flops for op in b.graph) for b in (backend, unfused)]  # the convolutions' FLOPs are counted
+    assert 0.95 * flops[1] <= flops[0] <= flops[1], flops
+    from opbench.parallel import CapturedSchedule
+    from opbench.schedule import get_scheduler
+
+    text = str(CapturedSchedule(backend, get_scheduler("sequential").schedule(backend.graph), [], None))
+    assert "; 5 convolution -> batch norm -> ReLU chains as one cuDNN call each" in text
     assert backend.built.get("compiled_by_workers", 0) >= 1, backend.built
     torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
     meta = backend.schedule_meta()

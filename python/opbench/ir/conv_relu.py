@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..errors import first_line
+
 log = logging.getLogger(__name__)
 
 #: the fused operator's name
@@ -67,7 +69,7 @@ def _conv_bias_relu(x: Any, weight: Any, bias: Any, stride: list[int], padding: 
         except RuntimeError as err:  # no fused cuDNN kernel for this shape: run apart, from now on
             _UNFUSED.add(key)
             log.info("cuDNN cannot fuse the convolution %s with its ReLU; running them apart (%s)", key,
-                     str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__)
+                     first_line(err)[:200])
     if out is None:
         out = torch.relu(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups))
     fmt = _memory_format(x, weight)

@@ -59,9 +59,10 @@ def _moved(values: Sequence[Any]) -> int:
 
 
 def aten_flops(target: str, node: Any, out_shape: Sequence[int]) -> float:
-    """FLOPs of an ATen call from its shapes (convolutions and matrix products; else 1/element)."""
+    """FLOPs of an ATen call from its shapes (convolutions, the fused ``opbench::conv_bias_relu`` among them, and
+    matrix products; else 1/element)."""
     vals = [(meta_tensors(a) or [None])[0] for a in node.args if hasattr(a, "meta")]
-    if "convolution" in target or "conv2d" in target:
+    if "convolution" in target or "conv2d" in target or "conv_bias_relu" in target:
         weight = vals[1] if len(vals) > 1 else None
         if weight is not None:
             return 2.0 * _numel(out_shape) * _numel(weight.shape[1:])

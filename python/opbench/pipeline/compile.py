@@ -232,7 +232,7 @@ class BackendSpec(Spec):
         if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
             raise SpecError("combo_regions", f"combo_regions {list(self.combo_regions)!r}: region indices are whole "
                                              "numbers from 0 (a saved schedule's meta['combo'])")
-        if self.conv_relu not in (None, True, False):
+        if not (self.conv_relu is None or isinstance(self.conv_relu, bool)):
             raise SpecError("conv_relu", f"conv_relu {self.conv_relu!r} (accepted: true, false, or null to decide)")
         check_positive(self, ("repeat", "number"))
 
