@@ -53,8 +53,10 @@ sys.path.insert(0, str(ROOT / "python"))
 VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
             "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True},
             "conv_relu": {"layout_optimization": True}}
-#: variants built from the model with its 4-D parameters and buffers channels-last
-WEIGHTS_CHANNELS_LAST = {"weights_channels_last", "conv_relu"}
+#: variants whose regions take their weights channels-last: ``weights_channels_last`` from a channels-last copy of
+#: the model (:func:`_variant_model`), ``conv_relu`` through ``FusedBackend``'s own step; the other variants are
+#: built with that step left out (:func:`build`)
+CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu"}
 
 
 def _variant_model(model: Any, layout: str) -> Any:
@@ -100,7 +102,7 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
 
     from opbench.runtime import fused
 
-    as_given = layout not in WEIGHTS_CHANNELS_LAST  # the weights as the model has them: the backend's step left out
+    as_given = layout not in CHANNELS_LAST_WEIGHTS  # the weights as the model has them: the backend's step left out
     clock = time.perf_counter()
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext():
