@@ -44,7 +44,9 @@ AUTO_FREE_ON_LAUNCH = 1
 #: cudaGraphInstantiateFlagDeviceLaunch: an executable graph that lives on the device (uploaded before launch)
 DEVICE_LAUNCH = 4
 #: the schedules this script can make (greedy with 3 and 4 streams)
-SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
+#: the schedules this script compares (its default); ``sequential`` (one stream) is also accepted
+PRIORITY_SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
+SCHEDULERS = (*PRIORITY_SCHEDULERS, "sequential")
 
 
 class NodePriorityGraph:
@@ -77,10 +79,10 @@ class NodePriorityGraph:
 
 def schedule_of(label: str, graph: Any, cost: Any) -> Any:
     """The schedule of one of :data:`SCHEDULERS` for ``graph`` under ``cost``."""
-    from opbench.schedule import Greedy, Nimble, Opara
+    from opbench.schedule import Greedy, Nimble, Opara, Sequential
 
-    scheduler = Greedy(int(label.split("-")[1])) if label.startswith("greedy-") else {"nimble": Nimble,
-                                                                                       "opara": Opara}[label]()
+    scheduler = Greedy(int(label.split("-")[1])) if label.startswith("greedy-") else {
+        "nimble": Nimble, "opara": Opara, "sequential": Sequential}[label]()
     return scheduler.schedule(graph, cost)
 
 
@@ -198,7 +200,7 @@ def main() -> int:
     timing_args(parser)
     parser.add_argument("--near", default="0.9", help="comma-separated shares: a 'near-S' urgent set for each, of the "
                         "regions whose longest way through them is at least S times the critical path's")
-    parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
+    parser.add_argument("--schedulers", default=",".join(PRIORITY_SCHEDULERS),
                         help=f"comma-separated, of: {', '.join(SCHEDULERS)}")
     args = parser.parse_args()
     raw, args.near = args.near, []

@@ -22,6 +22,7 @@ from typing import Any
 from .errors import OpBenchError, first_line
 from .pipeline.compare import (
     EvaluateOptions,
+    captures_of,
     check_captures,
     check_sm_partition,
     evaluate,
@@ -314,7 +315,7 @@ def _kept_capture(backend: KernelBackend, plan: Schedule, inputs: Sequence[Any],
     """For a rebuild from the cache, which measures no candidate: the fastest of ``o.captures`` captures of the
     kept ``plan`` (:func:`~opbench.pipeline.compare.fastest_capture`, timed through the user's call), or None
     (one capture, or the CPU: :class:`CapturedSchedule` captures it). Seconds in ``phases["captures_s"]``."""
-    if o.captures == 1 or not backend.is_cuda:
+    if captures_of(plan, o.captures) == 1 or not backend.is_cuda:
         return None
     clock = time.perf_counter()
     timer = o.timer or rounds_timer(True, o.repeat, o.number)
@@ -491,7 +492,8 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     ``captures``: on a GPU, a kept schedule is captured this many times and the fastest capture, timed through the
     call a user makes, is returned (:data:`CAPTURES` by default; 1 returns the capture measured beside the
     baselines). Two instantiations of one CUDA Graph run its concurrent kernels a few per cent apart, steadily
-    (:func:`opbench.pipeline.compare.fastest_capture`); the kept row's ``latency_ms`` is then the kept capture's,
+    (:func:`opbench.pipeline.compare.fastest_capture`; a one-stream schedule, whose captures run alike, is captured
+    once); the kept row's ``latency_ms`` is then the kept capture's,
     ``captures_ms`` every capture's and ``compared_ms`` what the comparison measured. A rebuild from ``cache``
     does the same.
 

@@ -148,3 +148,15 @@ def test_the_fastest_capture_is_kept_and_one_with_other_outputs_is_dropped(monke
     assert [r["capture"] for r in rows] == [0, 1, 2] and [r["latency_ms"] for r in rows] == [3.0, 2.0, 1.0]
     assert [r["kept"] for r in rows] == [False, False, True]
     assert sorted(labels) == sorted(list(times) * compare.ROUNDS)
+
+
+def test_a_one_stream_schedule_is_captured_once_and_a_concurrent_one_as_often_as_asked():
+    """Captures of a schedule differ in how its concurrent branches run, so only a schedule with two or more
+    streams is worth several captures (``captures_of``); one stream is captured once, whatever is asked."""
+    from opbench.pipeline.compare import captures_of
+    from opbench.schedule import Schedule
+
+    one = Schedule("sequential", [0, 0, 0], [0, 1, 2], [])
+    two = Schedule("opara", [0, 1, 0], [0, 1, 2], [(1, 2)])
+    assert [captures_of(one, n) for n in (1, 8)] == [1, 1]
+    assert [captures_of(two, n) for n in (1, 3, 8)] == [1, 3, 8]
