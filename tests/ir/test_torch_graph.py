@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,27 @@ def test_batch_norm_folding_known_answer():
         backend.launch(op)
     with torch.no_grad():
         torch.testing.assert_close(backend.outputs()[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_folding_in_half_precision_rounds_once_as_the_fused_chains_do():
+    """In bfloat16 the ATen path folds in float32 and rounds once, the same tensors as the fused regions' chains
+    (``conv_relu.fold_batchnorm``); folding in bfloat16 itself rounds the scale and the product each, and lands
+    further from the float32 answer."""
+    from opbench.ir.conv_relu import fold_batchnorm
+
+    torch.manual_seed(0)
+    model = ConvBN().eval()
+    exact_w, exact_b = fold_batchnorm(model.conv, model.bn)  # float32
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    traced = TorchGraph(half, [torch.randn(2, 3, 6, 6, dtype=torch.bfloat16)], fold_bn=True, trace="export")
+    [conv] = list(traced.overrides)
+    weight, bias = traced.overrides[conv][1], traced.overrides[conv][2]
+    assert weight.dtype == bias.dtype == torch.bfloat16
+    for got, want in zip((weight, bias), fold_batchnorm(half.conv, half.bn), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    scale = half.bn.weight / torch.sqrt(half.bn.running_var + half.bn.eps)  # every step in bfloat16
+    naive = half.conv.weight * scale.reshape(-1, 1, 1, 1)
+    assert (weight.float() - exact_w).abs().sum() < (naive.float() - exact_w).abs().sum()
 
 
 def test_fold_bn_needs_export():

@@ -125,20 +125,29 @@ def _chain(relu: Any, modules: dict[str, Any]) -> tuple[Any, Any, Any, Any] | No
     return conv_node, conv, bn_node, bn
 
 
-def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
-    """The weight and bias of ``conv`` with the eval batch norm ``bn`` after it folded in, computed in float32
-    and rounded once to the convolution's dtype (new tensors; neither module changes)."""
+def fold_into_conv(weight: Any, bias: Any | None, mean: Any, var: Any, eps: float, gamma: Any | None = None,
+                   beta: Any | None = None) -> tuple[Any, Any]:
+    """A convolution's ``weight`` and ``bias`` (None: none) with the eval batch norm after it folded in (running
+    ``mean`` and ``var``, ``eps``; ``gamma`` and ``beta`` None where it has no affine parameters): ``w * g /
+    sqrt(v + eps)`` and ``(b - m) * g / sqrt(v + eps) + beta``, computed in float32 and rounded once to the
+    weight's dtype (new tensors). The fused regions' chains and the ATen path's ``fold_bn`` both fold so."""
     import torch
 
-    dtype = conv.weight.dtype
     with torch.no_grad():
-        scale = bn.weight.float() * torch.rsqrt(bn.running_var.float() + bn.eps) if bn.affine else \
-            torch.rsqrt(bn.running_var.float() + bn.eps)
-        shift = bn.bias.float() if bn.affine else torch.zeros_like(scale)
-        bias = conv.bias.float() if conv.bias is not None else torch.zeros_like(scale)
-        weight = conv.weight.float() * scale.reshape(-1, *([1] * (conv.weight.dim() - 1)))
-        bias = (bias - bn.running_mean.float()) * scale + shift
-    return weight.to(dtype), bias.to(dtype)
+        scale = torch.rsqrt(var.float() + eps)
+        if gamma is not None:
+            scale = gamma.float() * scale
+        folded = weight.float() * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        shift = (bias.float() if bias is not None else torch.zeros_like(scale)) - mean.float()
+        shift = shift * scale + (beta.float() if beta is not None else 0.0)
+    return folded.to(weight.dtype), shift.to(weight.dtype)
+
+
+def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
+    """The weight and bias of ``conv`` with the eval batch norm ``bn`` after it folded in (:func:`fold_into_conv`;
+    neither module changes)."""
+    return fold_into_conv(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                          bn.weight if bn.affine else None, bn.bias if bn.affine else None)
 
 
 def fuse_conv_relu(gm: Any) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import OpBenchError, first_line
+from .conv_relu import fold_into_conv
 from .features import tensor_bytes
 from .graph import ArgRef, OpGraph, OpNode
 
@@ -345,7 +346,8 @@ class TorchGraph:
 
     # batch norm ---------------------------------------------------------------------------------
     def _fold_batchnorm(self) -> None:
-        """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta).
+        """Fold eval-mode batch norm into the convolution before it (w' = w*g/s, b' = (b-m)*g/s + beta, in float32
+        and rounded once: :func:`~opbench.ir.conv_relu.fold_into_conv`).
 
         Applies where the convolution's only user is the batch norm and both have constant
         parameters; the batch norm then forwards the convolution's output without a kernel.
@@ -365,12 +367,9 @@ class TorchGraph:
             if not all(p in self.env for p in params) or conv.args[1] not in self.env:
                 continue
             gamma, beta, mean, var = (self.env[p] for p in params)
-            eps = float(bn.args[bn_targets[bn.target]])
-            scale = gamma / torch.sqrt(var + eps)
-            weight = self.env[conv.args[1]] * scale.reshape(-1, *([1] * (self.env[conv.args[1]].dim() - 1)))
             old_bias = conv.args[2] if len(conv.args) > 2 else None
-            bias = self.env[old_bias] if old_bias is not None and old_bias in self.env else torch.zeros_like(mean)
-            bias = (bias - mean) * scale + beta
+            weight, bias = fold_into_conv(self.env[conv.args[1]], self.env.get(old_bias), mean, var,
+                                          float(bn.args[bn_targets[bn.target]]), gamma, beta)
             args = list(conv.args)
             while len(args) < 3:
                 args.append(None)
