@@ -311,7 +311,7 @@ def captures_of(plan: Schedule, captures: int) -> int:
     streams, 1 for one stream. What varies from one instantiation to the next is how its concurrent branches
     run; the captures of a one-stream schedule ran within 0.4 % of each other and keeping the fastest of six
     gained 0.0-0.2 % out of sample (fused regions of resnet-50 and densenet121 at batch 8 on an H200,
-    ``docs/parallel.md``), where the extra captures took 1-3 s of a rebuild."""
+    ``docs/parallel.md``), where the extra captures took 0.8-2.8 s of a rebuild."""
     return captures if plan.num_streams > 1 else 1
 
 
