@@ -34,6 +34,7 @@ compared kernel by kernel. Writes ``OUT/exp_capture_variation.json`` after every
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -160,9 +161,16 @@ def _outputs_of(instance: Any, executor: Any) -> Any:
     return list(executor._captured[1])
 
 
+def _product(dims: Any) -> int | None:
+    """The product of a profiler's ``grid`` or ``block`` (three sizes), None without one."""
+    return None if not isinstance(dims, list) or not dims else int(math.prod(dims))
+
+
 def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
     """The kernels of one ``replay()`` (after a warm one), from PyTorch's profiler: each as ``[name, stream,
-    start_us, duration_us, graph node id]``, starts counted from the first kernel's, in the order they started."""
+    start_us, duration_us, graph node id, thread blocks, threads a block]`` (the blocks of its grid, to set against
+    the GPU's SMs; None where the profiler does not say), starts counted from the first kernel's, in the order they
+    started."""
     import json
 
     import torch
@@ -180,7 +188,8 @@ def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
     events.sort(key=lambda e: e["ts"])
     t0 = events[0]["ts"] if events else 0.0
     kernels = [[e["name"][:60], e.get("args", {}).get("stream"), round(e["ts"] - t0, 2), round(e["dur"], 2),
-                e.get("args", {}).get("graph node id")] for e in events]
+                e.get("args", {}).get("graph node id"), _product(e.get("args", {}).get("grid")),
+                _product(e.get("args", {}).get("block"))] for e in events]
     span = max((k[2] + k[3] for k in kernels), default=0.0)
     return {"span_us": round(span, 2), "kernel_us": round(sum(k[3] for k in kernels), 2),
             "streams": len({k[1] for k in kernels}), "kernels": kernels}
