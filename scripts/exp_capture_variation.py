@@ -187,9 +187,11 @@ def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
     path.unlink()
     events.sort(key=lambda e: e["ts"])
     t0 = events[0]["ts"] if events else 0.0
-    kernels = [[e["name"][:60], e.get("args", {}).get("stream"), round(e["ts"] - t0, 2), round(e["dur"], 2),
-                e.get("args", {}).get("graph node id"), _product(e.get("args", {}).get("grid")),
-                _product(e.get("args", {}).get("block"))] for e in events]
+    kernels = []
+    for e in events:
+        a = e.get("args", {})
+        kernels.append([e["name"][:60], a.get("stream"), round(e["ts"] - t0, 2), round(e["dur"], 2),
+                        a.get("graph node id"), _product(a.get("grid")), _product(a.get("block"))])
     span = max((k[2] + k[3] for k in kernels), default=0.0)
     return {"span_us": round(span, 2), "kernel_us": round(sum(k[3] for k in kernels), 2),
             "streams": len({k[1] for k in kernels}), "kernels": kernels}

@@ -43,8 +43,8 @@ USE_NODE_PRIORITY = 8
 AUTO_FREE_ON_LAUNCH = 1
 #: cudaGraphInstantiateFlagDeviceLaunch: an executable graph that lives on the device (uploaded before launch)
 DEVICE_LAUNCH = 4
-#: the schedules this script can make (greedy with 3 and 4 streams)
-#: the schedules this script compares (its default); ``sequential`` (one stream) is also accepted
+#: the schedules this script compares by default (greedy with 3 and 4 streams); :data:`SCHEDULERS` also takes
+#: ``sequential`` (one stream)
 PRIORITY_SCHEDULERS = ("greedy-3", "greedy-4", "nimble", "opara")
 SCHEDULERS = (*PRIORITY_SCHEDULERS, "sequential")
 

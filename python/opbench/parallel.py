@@ -314,7 +314,8 @@ def _kept_capture(backend: KernelBackend, plan: Schedule, inputs: Sequence[Any],
                   phases: dict[str, float]) -> ParallelExecutor | None:
     """For a rebuild from the cache, which measures no candidate: the fastest of ``o.captures`` captures of the
     kept ``plan`` (:func:`~opbench.pipeline.compare.fastest_capture`, timed through the user's call), or None
-    (one capture, or the CPU: :class:`CapturedSchedule` captures it). Seconds in ``phases["captures_s"]``."""
+    (one capture asked, a one-stream ``plan`` (:func:`~opbench.pipeline.compare.captures_of`), or the CPU:
+    :class:`CapturedSchedule` captures it). Seconds in ``phases["captures_s"]``."""
     if captures_of(plan, o.captures) == 1 or not backend.is_cuda:
         return None
     clock = time.perf_counter()

@@ -56,7 +56,7 @@ def test_batch_norm_folding_in_half_precision_rounds_once_as_the_fused_chains_do
 
     torch.manual_seed(0)
     model = ConvBN().eval()
-    exact_w, exact_b = fold_batchnorm(model.conv, model.bn)  # float32
+    exact_w, _ = fold_batchnorm(model.conv, model.bn)  # float32
     half = copy.deepcopy(model).to(torch.bfloat16)
     traced = TorchGraph(half, [torch.randn(2, 3, 6, 6, dtype=torch.bfloat16)], fold_bn=True, trace="export")
     [conv] = list(traced.overrides)
