@@ -187,8 +187,10 @@ def rebuild(name: str, batch: int, args) -> dict:
            "cached_choice": bool(fused.phases.get("cache_choice")), **bytecode}
     with torch.no_grad():
         res["err"] = relative_err(fused(*inputs), ref)
-    if profile is not None:  # where the rebuild's seconds went: the 40 functions of most cumulative time, and the
-        for key, order, count in (("profile", "cumulative", 40), ("profile_self", "tottime", 25)):  # 25 of most own
+    if profile is not None:  # where the rebuild's seconds went: the whole profile beside the row's JSON (for
+        # pstats); in the row, the 40 functions of most cumulative time and the 25 of most own time
+        profile.dump_stats(Path(args.out) / "rebuild" / f"{stem(name, batch, DTYPE)}.prof")
+        for key, order, count in (("profile", "cumulative", 40), ("profile_self", "tottime", 25)):
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats(order).print_stats(count)
             res[key] = text.getvalue().splitlines()
@@ -461,7 +463,8 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="start no further (model, batch, dtype) after this many seconds")
     parser.add_argument("--profile-rebuild", action="store_true",
-                        help="profile the rebuild (cProfile): its top functions go into the row's rebuild")
+                        help="profile the rebuild (cProfile): its top functions go into the row's rebuild, the whole "
+                        "profile into OUT/rebuild/MODEL_BATCH_DTYPE.prof")
     parser.add_argument("--mode", default="fast", choices=("fast", "exhaustive"),
                         help="the fused capturer's search: fast (the best predicted schedules measured) or "
                              "exhaustive (every scheduler, IOS's dynamic programme among them, measured)")

@@ -25,8 +25,11 @@ included) in alternating rounds.
 
 With ``--trace``, every variant is then replayed once under PyTorch's profiler (CUPTI), and its kernels are kept in
 the order they started: name, the stream CUDA ran it on, start and duration (microseconds from the replay's first
-kernel) and the graph node it came from (``traces``), so that a fast and a slow instantiation of one template can be
-compared kernel by kernel. Writes ``OUT/exp_capture_variation.json`` after every model.
+kernel), the graph node it came from, its thread blocks, threads a block, registers a thread and shared memory
+(``traces``), so that a fast and a slow instantiation of one template can be compared kernel by kernel. From these,
+each kernel's share of the GPU's block slots (:func:`gpu_share`) and, with ``sequential`` among ``--schedulers``,
+the bound they set (``slots_bound_ms``: the kernels' shares times their times alone; no schedule holds more blocks
+at once than the GPU does), beside the critical path. Writes ``OUT/exp_capture_variation.json`` after every model.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_capture_variation.py --out out --models googlenet
 """
@@ -54,8 +57,14 @@ from exp_node_priority import (
 
 sys.path.insert(0, str(ROOT / "python"))
 
+from opbench.pipeline.compare import FINALISTS  # noqa: E402
+
 #: bytes of a large page of the GPU's memory (addresses are summarised modulo it)
 PAGE = 2 << 20
+#: the limits of one SM of compute capability 9.0 (H100, H200): threads, blocks, registers (allocated per warp in
+#: units), shared memory (allocated per block in units, plus the driver's reserve for each block)
+SM90 = {"threads": 2048, "blocks": 32, "registers": 65536, "register_unit": 256, "shared": 233472,
+        "shared_unit": 128, "shared_reserved": 1024}
 #: how ``--instance-flags`` instantiates a template again: (flags, upload it at once)
 INSTANCE_FLAGS = {"auto": (AUTO_FREE_ON_LAUNCH, False), "upload": (AUTO_FREE_ON_LAUNCH, True),
                   "device": (DEVICE_LAUNCH, True)}
@@ -88,16 +97,25 @@ def addresses(backend: Any) -> dict[str, Any]:
 def halves(samples: dict[str, list[float]], labels: list[str]) -> dict[str, Any]:
     """Keeping the fastest of ``labels`` (captures of one schedule), tested out of sample: the capture with the
     least median over the first half of the rounds, and its median over the second half against the first
-    capture's and the median capture's there."""
+    capture's and the median capture's there; and the pick of the library's screening (``screened``: the fastest
+    :data:`~opbench.pipeline.compare.FINALISTS` of the first round, of which the fastest over the rest of the first
+    half), timed in the second half too."""
     cut = len(samples[labels[0]]) // 2
     first = {k: statistics.median(samples[k][:cut]) for k in labels}
     second = {k: statistics.median(samples[k][cut:]) for k in labels}
     pick = min(first, key=first.get)
     typical = statistics.median(second.values())
+    # the library's screening (pipeline/compare.py::fastest_capture): the fastest FINALISTS of the first round,
+    # of which the fastest over the rest of the first half, tested in the second half as above
+    finalists = sorted(labels, key=lambda k: samples[k][0])[:FINALISTS]
+    rest = {k: statistics.median(samples[k][1:cut]) for k in finalists} if cut > 1 else first
+    screened = min(finalists, key=rest.get)
     return {"picked": pick, "picked_ms": second[pick], "first_capture_ms": second[labels[0]],
             "median_capture_ms": typical, "gain_vs_first": second[labels[0]] / second[pick] - 1,
             "gain_vs_median": typical / second[pick] - 1,
-            "best_in_second_half": min(second, key=second.get)}
+            "best_in_second_half": min(second, key=second.get),
+            "screened": screened, "screened_ms": second[screened], "screened_vs_picked": second[screened] /
+            second[pick] - 1, "screened_gain_vs_median": typical / second[screened] - 1}
 
 
 def measure_capturer(name: str, args: Any, cache: Path) -> dict[str, Any]:
@@ -166,11 +184,63 @@ def _product(dims: Any) -> int | None:
     return None if not isinstance(dims, list) or not dims else int(math.prod(dims))
 
 
+def resident_blocks(threads: int | None, registers: int | None, shared: int | None,
+                    limits: dict[str, int] = SM90) -> int | None:
+    """How many blocks of a kernel one SM holds at once (the occupancy calculator's arithmetic: threads, registers
+    allocated per warp in each of the SM's four quarters, shared memory with the driver's reserve), None when the
+    block size is not known; registers or shared memory not known count as none."""
+    if not threads:
+        return None
+    warps = -(-threads // 32)
+    unit = limits["register_unit"]
+    per_warp = -(-(registers or 0) * 32 // unit) * unit
+    by_registers = 4 * (limits["registers"] // 4 // per_warp) // warps if per_warp else limits["blocks"]
+    unit = limits["shared_unit"]
+    per_block = -(-((shared or 0) + limits["shared_reserved"]) // unit) * unit
+    return max(0, min(limits["blocks"], limits["threads"] // (warps * 32), by_registers,
+                      limits["shared"] // per_block))
+
+
+def gpu_share(blocks: int | None, threads: int | None, registers: int | None, shared: int | None,
+              sms: int) -> float | None:
+    """The share of the GPU's block slots (:func:`resident_blocks` on each of ``sms`` SMs) a kernel's blocks hold
+    while it runs: its blocks over the slots times its waves (1 for a kernel that fills every slot in each wave;
+    the last wave's empty slots count as free). None when not known."""
+    per_sm = resident_blocks(threads, registers, shared)
+    if not blocks or not per_sm:
+        return None
+    slots = per_sm * sms
+    return blocks / (slots * math.ceil(blocks / slots))
+
+
+def occupancy(trace: dict[str, Any], sms: int) -> dict[str, Any]:
+    """What a traced replay's kernels ask of the GPU's block slots (:func:`gpu_share`): ``area_us``, the sum of
+    each kernel's share times its duration (from a sequential replay, where each kernel runs alone, a lower bound
+    on any schedule's time, beside the critical path: no schedule runs more blocks at once than the GPU holds);
+    ``full_us``, how long the running kernels' shares added up to the whole GPU or more; ``busy_us``, how long any
+    kernel ran; kernels whose share is not known count as filling the GPU (``unknown``: how many)."""
+    shares = [gpu_share(*k[5:9], sms) for k in trace["kernels"]]
+    area = sum((1.0 if s is None else s) * k[3] for k, s in zip(trace["kernels"], shares, strict=True))
+    edges = sorted(e for k, s in zip(trace["kernels"], shares, strict=True)
+                   for e in ((k[2], 1.0 if s is None else s), (k[2] + k[3], -(1.0 if s is None else s))))
+    full = busy = demand = 0.0
+    running, last = 0, 0.0
+    for at, change in edges:
+        if running:
+            busy += at - last
+            full += (at - last) if demand >= 1.0 - 1e-9 else 0.0
+        demand += change
+        running += 1 if change > 0 else -1
+        last = at
+    return {"area_us": round(area, 2), "full_us": round(full, 2), "busy_us": round(busy, 2),
+            "unknown": sum(s is None for s in shares)}
+
+
 def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
     """The kernels of one ``replay()`` (after a warm one), from PyTorch's profiler: each as ``[name, stream,
-    start_us, duration_us, graph node id, thread blocks, threads a block]`` (the blocks of its grid, to set against
-    the GPU's SMs; None where the profiler does not say), starts counted from the first kernel's, in the order they
-    started."""
+    start_us, duration_us, graph node id, thread blocks, threads a block, registers a thread, shared memory
+    bytes]`` (what :func:`gpu_share` sets against the GPU's SMs; None where the profiler does not say), starts
+    counted from the first kernel's, in the order they started."""
     import json
 
     import torch
@@ -191,7 +261,8 @@ def kernel_trace(replay: Any, folder: Path) -> dict[str, Any]:
     for e in events:
         a = e.get("args", {})
         kernels.append([e["name"][:60], a.get("stream"), round(e["ts"] - t0, 2), round(e["dur"], 2),
-                        a.get("graph node id"), _product(a.get("grid")), _product(a.get("block"))])
+                        a.get("graph node id"), _product(a.get("grid")), _product(a.get("block")),
+                        a.get("registers per thread"), a.get("shared memory")])
     span = max((k[2] + k[3] for k in kernels), default=0.0)
     return {"span_us": round(span, 2), "kernel_us": round(sum(k[3] for k in kernels), 2),
             "streams": len({k[1] for k in kernels}), "kernels": kernels}
@@ -239,12 +310,24 @@ def measure(name: str, args: Any) -> dict:
     row["variants"] = {k: {"ms": statistics.median(v["samples"]), "err": v["err"], "samples_ms": v["samples"]}
                        | {f: v[f] for f in ("nodes", "memory") if f in v} for k, v in runs.items()}
     if args.trace:
+        import torch
+
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         row["traces"] = {key: kernel_trace(runs[key]["replay"], Path(args.out)) for key in labels}
         for key in labels:
             t = row["traces"][key]
+            t["occupancy"] = o = occupancy(t, sms)
             print(f"{name}: {key:<24} {row['variants'][key]['ms']:.4f} ms; traced: span {t['span_us']:.1f} us, "
-                  f"kernels {len(t['kernels'])} ({t['kernel_us']:.1f} us in all) on {t['streams']} streams",
+                  f"kernels {len(t['kernels'])} ({t['kernel_us']:.1f} us in all) on {t['streams']} streams; their "
+                  f"share of the GPU's block slots times their time {o['area_us']:.1f} us, the GPU's slots all "
+                  f"asked for {o['full_us']:.1f} of {o['busy_us']:.1f} us ({o['unknown']} kernels not known)",
                   flush=True)
+        alone = [row["traces"][k] for k in groups.get("sequential", [])[:1]]
+        if alone:  # each kernel alone: the slots its blocks take, a bound beside the critical path
+            row["slots_bound_ms"] = alone[0]["occupancy"]["area_us"] / 1e3
+            row["sms"] = sms
+            print(f"{name}: bound of the block slots {row['slots_bound_ms']:.4f} ms (each kernel's share of the "
+                  f"{sms} SMs' slots times its time alone), critical path {row['chain_ms']:.4f} ms", flush=True)
     row["schedules"] = {}
     for label, keys in groups.items():
         caps = [row["variants"][k]["ms"] for k in keys]
@@ -259,7 +342,9 @@ def measure(name: str, args: Any) -> dict:
         print(f"{name}: {label:<9} captures {' '.join(f'{c:.4f}' for c in caps)} ms (spread "
               f"{summary['capture_spread']:.1%}); capture 1 instantiated again {' '.join(f'{c:.4f}' for c in inst)} "
               f"(spread {summary['instance_spread']:.1%}); held out: picked {h['picked']} {h['picked_ms']:.4f} ms, "
-              f"{h['gain_vs_first']:+.1%} against capture 1, {h['gain_vs_median']:+.1%} against the median capture",
+              f"{h['gain_vs_first']:+.1%} against capture 1, {h['gain_vs_median']:+.1%} against the median capture; "
+              f"screened: {h['screened']} {h['screened_ms']:.4f} ms, {h['screened_gain_vs_median']:+.1%} against "
+              "the median capture",
               flush=True)
     best = min(min(s["captures_ms"]) for s in row["schedules"].values())
     firsts = min(s["captures_ms"][0] for s in row["schedules"].values())

@@ -494,9 +494,9 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     call a user makes, is returned (:data:`CAPTURES` by default; 1 returns the capture measured beside the
     baselines). Two instantiations of one CUDA Graph run its concurrent kernels a few per cent apart, steadily
     (:func:`opbench.pipeline.compare.fastest_capture`; a one-stream schedule, whose captures run alike, is captured
-    once); the kept row's ``latency_ms`` is then the kept capture's,
-    ``captures_ms`` every capture's and ``compared_ms`` what the comparison measured. A rebuild from ``cache``
-    does the same.
+    once); the kept row's ``latency_ms`` is then the kept capture's, ``captures_ms`` every capture's (timed in
+    full for the ``finalists`` of a screening round, the others once), and ``compared_ms`` what the comparison
+    measured. A rebuild from ``cache`` does the same.
 
     ``trace`` (a path): also replay sequential and the fastest schedule (kept or not) with a timing mark
     around each operator and write them there as a Chrome trace, one lane per stream

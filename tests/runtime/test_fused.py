@@ -849,3 +849,30 @@ with torch.no_grad():
     assert later.returncode == 0, later.stderr[-2000:]
     built, equal = later.stdout.strip().splitlines()[-1].rsplit(" ", 1)
     assert "compiled" not in built and "loaded" in built and equal == "True", later.stdout
+
+
+
+def test_the_source_digests_a_build_computes_in_a_thread_are_those_inductor_computes_itself(monkeypatch):
+    """``hash_sources_meanwhile`` computes Inductor's digests of torch's and Triton's sources in a thread of its
+    own, where Inductor keeps them; computed again in this thread, torch's is the same."""
+    import threading
+
+    from torch._inductor import codecache
+    from torch._inductor.runtime import triton_compat
+
+    from opbench.runtime.fused import hash_sources_meanwhile
+
+    codecache.torch_key.clear()
+    thread = hash_sources_meanwhile()
+    assert thread is not None and thread.name == "opbench-source-digests"
+    thread.join(120)
+    assert not thread.is_alive()
+    kept = codecache.torch_key()  # the thread's, kept by Inductor's own cache
+    codecache.torch_key.clear()
+    assert codecache.torch_key() == kept and len(kept) == 32  # a sha256, computed again here
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(codecache, "torch_key", lambda: calls.append(("torch", threading.current_thread().name)))
+    monkeypatch.setattr(triton_compat, "triton_key", lambda: calls.append(("triton", threading.current_thread().name)))
+    monkeypatch.setattr(triton_compat, "HAS_TRITON", True)
+    hash_sources_meanwhile().join(10)
+    assert calls == [("torch", "opbench-source-digests"), ("triton", "opbench-source-digests")]

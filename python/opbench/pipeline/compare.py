@@ -288,7 +288,8 @@ def evaluate(backend: KernelBackend, schedulers: Sequence[Any] | None = None, co
         executor, timed_captures = fastest_capture(backend, kept["plan"], o.captures, inputs, timer, executor)
         best = next(r for r in timed_captures if r["kept"])
         kept.update({k: v for k, v in best.items() if k.endswith("_ms")}, compared_ms=kept["latency_ms"],
-                    captures_ms=[r["latency_ms"] for r in timed_captures], capture=best["capture"])
+                    captures_ms=[r["latency_ms"] for r in timed_captures], capture=best["capture"],
+                    finalists=[r["capture"] for r in timed_captures if r["finalist"]])
         _decide(rows, tolerance, rtol, say=False)  # the kept row is only faster: the same choice, its ratios again
         phases["captures_s"] = time.perf_counter() - clock
     for row in rows:  # only the kept capture stays alive (each holds its own memory)
@@ -326,9 +327,11 @@ def fastest_capture(backend: KernelBackend, plan: Schedule, captures: int, input
     timed) counts as one; the others are new :class:`~opbench.runtime.executor.ParallelExecutor` captures, each
     checked to give ``first``'s outputs (one that does not is dropped, with an INFO line). All are timed by
     ``timer`` through the call a user makes (``executor.run(inputs)``, the input copy included; the replay where
-    ``inputs`` is None) in :data:`ROUNDS` interleaved rounds (:func:`time_rounds`, ``host`` and ``device`` as
-    there). Each row has ``capture`` (its index), ``kept`` (the one returned) and the timing fields of a comparison
-    row."""
+    ``inputs`` is None): with more than :data:`FINALISTS` captures, first in one screening round, after which only
+    the :data:`FINALISTS` fastest are timed further; those in :data:`ROUNDS` interleaved rounds
+    (:func:`time_rounds`, ``host`` and ``device`` as there). Each row has ``capture`` (its index), ``kept`` (the one
+    returned), ``finalist`` (timed in full; the others keep their screening's time) and the timing fields of a
+    comparison row."""
     check_captures(captures)
     executors = [first if first is not None else ParallelExecutor(backend, plan)]
     expected = host_arrays(executors[0].run(inputs))
@@ -340,12 +343,21 @@ def fastest_capture(backend: KernelBackend, plan: Schedule, captures: int, input
             continue
         executors.append(executor)
     rows = [{"schedule": f"{plan.name} capture {i}", "capture": i} for i in range(len(executors))]
-    time_rounds([(row, (lambda e=e: e.run(inputs)) if inputs is not None else e.run)
-                 for row, e in zip(rows, executors, strict=True)], timer, host=host, device=device)
-    best = min(range(len(rows)), key=lambda i: rows[i]["latency_ms"])
+    timed = [(row, (lambda e=e: e.run(inputs)) if inputs is not None else e.run)
+             for row, e in zip(rows, executors, strict=True)]
+    finalists = list(range(len(rows)))
+    if len(rows) > FINALISTS:  # captures apart by a few per cent, steadily: one round tells the slow ones
+        time_rounds(timed, timer, rounds=1)
+        finalists = sorted(finalists, key=lambda i: rows[i]["latency_ms"])[:FINALISTS]
+    time_rounds([timed[i] for i in finalists], timer, host=host, device=device)
+    best = min(finalists, key=lambda i: rows[i]["latency_ms"])
     for i, row in enumerate(rows):
-        row["kept"] = i == best
+        row.update(kept=i == best, finalist=i in finalists)
     return executors[best], rows
+
+
+#: the captures :func:`fastest_capture` times in full, the fastest of its screening round
+FINALISTS = 2
 
 
 #: interleaved rounds in which every candidate of a comparison is timed (each round starts with another one)

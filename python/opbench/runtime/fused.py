@@ -703,6 +703,31 @@ class RegionCompiler:
                 part.write_text(json.dumps(entry))
 
 
+def hash_sources_meanwhile() -> Any | None:
+    """Start computing, in a thread of its own, the digests of torch's and Triton's sources that Inductor keys its
+    stored code by (``torch_key``, ``triton_key``: every file of both read and hashed once per process, 0.6 s of a
+    7 s rebuild on an H200 host, most of it file reads and hashing, which run without the GIL), so that it overlaps
+    this thread's preparing of the model; returns the thread (None where this torch lacks either function). Both
+    functions keep their result: a caller that gets there first computes it too, to the same value."""
+    import threading
+
+    try:  # imported here, not in the thread: two threads importing one module can deadlock
+        from torch._inductor.codecache import torch_key
+        from torch._inductor.runtime.triton_compat import HAS_TRITON, triton_key
+    except ImportError:
+        return None
+
+    def digests() -> None:
+        with contextlib.suppress(Exception):  # a failure shows where Inductor computes the digest itself
+            torch_key()
+            if HAS_TRITON:
+                triton_key()
+
+    thread = threading.Thread(target=digests, name="opbench-source-digests", daemon=True)
+    thread.start()
+    return thread
+
+
 def _close(got: Any, want: Any) -> bool:
     """Whether ``got`` has ``want``'s structure and each tensor is within :data:`CLOSE` of it (relative norm)."""
     import torch
@@ -938,6 +963,8 @@ class FusedBackend(TorchBackend):
         if cut not in CUTS:
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
         self.layout = check_layout(layout)
+        if store is not None:  # Inductor needs them to load or store a region's code
+            hash_sources_meanwhile()
         gm, self.source_trace = fx_module(model, inputs, trace)
         self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         conv_bias_relu_op()  # registered before a region that calls it is compiled or loaded

@@ -1,0 +1,135 @@
+"""What a later build of ``capturer(kernels="fused", cache=True)`` spends its seconds on, with two of its steps undone.
+
+A build from the cache loads every region's stored code, runs the model once to check it and captures the kept
+schedule, by default eight times, keeping the fastest capture. Two steps shorten it:
+
+- the digests of torch's and Triton's sources that Inductor keys stored code by are computed in a thread of their
+  own while the model is prepared (``opbench.runtime.fused.hash_sources_meanwhile``);
+- of the captures, one screening round picks the fastest ``FINALISTS``, and only those are timed in full
+  (``opbench.pipeline.compare.fastest_capture``).
+
+For each model this script makes the cache with one build in a new process, then rebuilds from it ``--reps`` times
+in each of three variants, each rebuild a new process, the variants taking turns: as shipped, without the digest
+thread, and with every capture timed in full. It records each rebuild's seconds, its phases (load, captures), what
+it kept, the kept capture's time and its outputs' distance to the model's, and writes ``OUT/exp_rebuild.json``
+after every model.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models googlenet --batch 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _cli import bad_input, checked_models, experiment_doc, measure_each, model_device_args
+
+#: the variants a rebuild runs in: as shipped, and with one step undone
+VARIANTS = ("as shipped", "no source digests", "every capture timed in full")
+
+
+def build(name: str, args: Any, variant: str) -> dict[str, Any]:
+    """One build of ``name`` in this process (a new one): the first (``variant`` "first") or a rebuild from the
+    cache in ``variant``."""
+    import bench_fused
+    import torch
+
+    from opbench.parallel import capturer
+    from opbench.pipeline import compare
+    from opbench.runtime import fused
+
+    if variant == "no source digests":
+        fused.hash_sources_meanwhile = lambda: None
+    elif variant == "every capture timed in full":
+        compare.FINALISTS = 1 << 30
+    bench_fused.DTYPE = args.dtype
+    torch.manual_seed(0)
+    model, inputs = bench_fused.load(name, args.batch)
+    with torch.no_grad():
+        reference = model(*inputs)
+    clock = time.perf_counter()
+    run = capturer(inputs, model, kernels="fused", cache=True)
+    seconds = time.perf_counter() - clock
+    kept = next(r for r in run.table if r["kept"])
+    with torch.no_grad():
+        err = bench_fused.relative_err(run(*inputs), reference)
+    return {"variant": variant, "build_s": seconds, "phases": run.phases, "kept": kept["schedule"],
+            "latency_ms": kept["latency_ms"], "captures_ms": kept.get("captures_ms"),
+            "finalists": kept.get("finalists"), "err": err}
+
+
+def in_new_process(name: str, args: Any, variant: str, cache: Path) -> dict[str, Any]:
+    """:func:`build` in a process of its own, ``$OPBENCH_CACHE`` at ``cache``."""
+    result = Path(args.out) / "child.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--out", args.out, "--models", name, "--batch", str(args.batch),
+           "--dtype", args.dtype, "--child", variant]
+    try:
+        subprocess.run(cmd, env=dict(os.environ, OPBENCH_CACHE=str(cache)), timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "error": f"took over {args.timeout} s"}
+    return json.loads(result.read_text()) if result.is_file() else {"variant": variant, "error": "no result"}
+
+
+def measure(name: str, args: Any) -> dict[str, Any]:
+    cache = Path(args.out) / "cache" / f"{name}_{args.batch}_{args.dtype}"
+    first = in_new_process(name, args, "first", cache)
+    print(f"{name}: first build {first.get('build_s', float('nan')):.1f} s, kept {first.get('kept')}", flush=True)
+    rebuilds: list[dict[str, Any]] = []
+    for r in range(args.reps):
+        for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            rebuilds.append(in_new_process(name, args, variant, cache))
+            got = rebuilds[-1]
+            print(f"{name}: {variant:<28} {got.get('build_s', float('nan')):5.2f} s (load "
+                  f"{got.get('phases', {}).get('regions_time_load_s', float('nan')):.2f}, captures "
+                  f"{got.get('phases', {}).get('captures_s', 0.0):.2f}), kept {got.get('kept')} "
+                  f"{got.get('latency_ms', float('nan')):.4f} ms {got.get('error', '')}", flush=True)
+    summary = {}
+    for variant in VARIANTS:
+        done = [g for g in rebuilds if g["variant"] == variant and "error" not in g]
+        if done:
+            summary[variant] = {
+                "build_s": statistics.median(g["build_s"] for g in done),
+                "load_s": statistics.median(g["phases"].get("regions_time_load_s", 0.0) for g in done),
+                "captures_s": statistics.median(g["phases"].get("captures_s", 0.0) for g in done),
+                "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done)}
+    for variant, s in summary.items():
+        print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, captures "
+              f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms", flush=True)
+    return {"model": name, "batch": args.batch, "dtype": args.dtype, "first": first, "rebuilds": rebuilds,
+            "summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_device_args(parser, "googlenet")
+    parser.add_argument("--reps", type=int, default=3, help="rebuilds of each variant")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a build may take")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:  # one build, in this new process
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+        result = build(args.models, args, args.child)
+        (Path(args.out) / "child.json").write_text(json.dumps(result, default=str))
+        return 0
+    if args.reps < 1 or args.timeout <= 0:
+        bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more rebuilds, a positive timeout")
+    if args.device != "cuda":
+        bad_input(f"--device {args.device!r}: captures need a GPU (accepted: cuda)")
+    models = checked_models(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    measure_each(models, experiment_doc("exp_rebuild.py", args.device), out / "exp_rebuild.json",
+                 lambda name: measure(name, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
