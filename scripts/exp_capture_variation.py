@@ -373,6 +373,9 @@ def main() -> int:
                         "PyTorch's flag; upload: the same, uploaded at once; device: instantiated for device launch)")
     parser.add_argument("--trace", action="store_true",
                         help="also replay every variant once under PyTorch's profiler and keep its kernels' timeline")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN's benchmark mode from the start (torch.backends.cudnn.benchmark): each "
+                        "convolution runs the engine cuDNN times fastest, not the one its heuristics pick")
     parser.add_argument("--schedulers", default="greedy-3,greedy-4,opara",
                         help=f"comma-separated, of: {', '.join(SCHEDULERS)}")
     args = parser.parse_args()
@@ -390,6 +393,10 @@ def main() -> int:
     if args.device != "cuda":
         parser.error(f"--device {args.device!r}: CUDA Graph captures need a GPU (accepted: cuda)")
     models = checked_models(args)
+    if args.cudnn_benchmark:  # before any convolution makes its plan (a plan once made is kept, whatever the flag)
+        import torch
+
+        torch.backends.cudnn.benchmark = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     measure_each(models, experiment_doc("exp_capture_variation.py", args.device),
