@@ -220,9 +220,9 @@ def occupancy(trace: dict[str, Any], sms: int) -> dict[str, Any]:
     ``full_us``, how long the running kernels' shares added up to the whole GPU or more; ``busy_us``, how long any
     kernel ran; kernels whose share is not known count as filling the GPU (``unknown``: how many)."""
     shares = [gpu_share(*k[5:9], sms) for k in trace["kernels"]]
-    area = sum((1.0 if s is None else s) * k[3] for k, s in zip(trace["kernels"], shares, strict=True))
-    edges = sorted(e for k, s in zip(trace["kernels"], shares, strict=True)
-                   for e in ((k[2], 1.0 if s is None else s), (k[2] + k[3], -(1.0 if s is None else s))))
+    filled = [1.0 if s is None else s for s in shares]
+    area = sum(f * k[3] for k, f in zip(trace["kernels"], filled, strict=True))
+    edges = sorted(e for k, f in zip(trace["kernels"], filled, strict=True) for e in ((k[2], f), (k[2] + k[3], -f)))
     full = busy = demand = 0.0
     running, last = 0, 0.0
     for at, change in edges:

@@ -12,7 +12,7 @@ For each model this script makes the cache with one build in a new process, then
 in each of three variants, each rebuild a new process, the variants taking turns: as shipped, without the digest
 thread, and with every capture timed in full. It records each rebuild's seconds, its phases (load, captures), what
 it kept, the kept capture's time and its outputs' distance to the model's, and writes ``OUT/exp_rebuild.json``
-after every model.
+after every build (a run stopped part-way keeps the builds it finished).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models googlenet --batch 8
 """
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from _cli import bad_input, checked_models, experiment_doc, measure_each, model_device_args
+from bench_fused import stem
 
 #: the variants a rebuild runs in: as shipped, and with one step undone
 VARIANTS = ("as shipped", "no source digests", "every capture timed in full")
@@ -78,14 +79,17 @@ def in_new_process(name: str, args: Any, variant: str, cache: Path) -> dict[str,
     return json.loads(result.read_text()) if result.is_file() else {"variant": variant, "error": "no result"}
 
 
-def measure(name: str, args: Any) -> dict[str, Any]:
-    cache = Path(args.out) / "cache" / f"{name}_{args.batch}_{args.dtype}"
+def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
+    """The first build of ``name`` and its rebuilds in each variant; ``save(row)`` after every build."""
+    cache = Path(args.out) / "cache" / stem(name, args.batch, args.dtype)
     first = in_new_process(name, args, "first", cache)
     print(f"{name}: first build {first.get('build_s', float('nan')):.1f} s, kept {first.get('kept')}", flush=True)
     rebuilds: list[dict[str, Any]] = []
+    row = {"model": name, "batch": args.batch, "dtype": args.dtype, "first": first, "rebuilds": rebuilds}
     for r in range(args.reps):
         for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             rebuilds.append(in_new_process(name, args, variant, cache))
+            save(row)
             got = rebuilds[-1]
             print(f"{name}: {variant:<28} {got.get('build_s', float('nan')):5.2f} s (load "
                   f"{got.get('phases', {}).get('regions_time_load_s', float('nan')):.2f}, captures "
@@ -103,8 +107,7 @@ def measure(name: str, args: Any) -> dict[str, Any]:
     for variant, s in summary.items():
         print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, captures "
               f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms", flush=True)
-    return {"model": name, "batch": args.batch, "dtype": args.dtype, "first": first, "rebuilds": rebuilds,
-            "summary": summary}
+    return row | {"summary": summary}
 
 
 def main() -> int:
@@ -126,8 +129,12 @@ def main() -> int:
     models = checked_models(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    measure_each(models, experiment_doc("exp_rebuild.py", args.device), out / "exp_rebuild.json",
-                 lambda name: measure(name, args))
+    doc, path = experiment_doc("exp_rebuild.py", args.device), out / "exp_rebuild.json"
+
+    def save(row: dict[str, Any]) -> None:  # the model in progress, after those done
+        path.write_text(json.dumps({**doc, "results": [*doc["results"], row]}, indent=1, default=str) + "\n")
+
+    measure_each(models, doc, path, lambda name: measure(name, args, save))
     return 0
 
 

@@ -851,7 +851,6 @@ with torch.no_grad():
     assert "compiled" not in built and "loaded" in built and equal == "True", later.stdout
 
 
-
 def test_the_source_digests_a_build_computes_in_a_thread_are_those_inductor_computes_itself(monkeypatch):
     """``hash_sources_meanwhile`` computes Inductor's digests of torch's and Triton's sources in a thread of its
     own, where Inductor keeps them; computed again in this thread, torch's is the same."""
