@@ -89,6 +89,46 @@ def measure_each(models: list[str], doc: dict[str, Any], path: Path, measure: An
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def in_child(script: str, args: Any, variant: str, flags: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run ``script`` with ``--child VARIANT`` and ``flags`` in a new process (``env`` its environment, at most
+    ``args.timeout`` seconds); what it left in ``OUT/child.json`` (:func:`as_child`), or a row saying why not."""
+    import json
+
+    result = Path(args.out) / "child.json"
+    result.unlink(missing_ok=True)
+    try:
+        subprocess.run([sys.executable, script, "--out", args.out, *flags, "--child", variant], env=env,
+                       timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "error": f"took over {args.timeout} s"}
+    return json.loads(result.read_text()) if result.is_file() else {"variant": variant, "error": "no result"}
+
+
+def as_child(args: Any, work: Any) -> int:
+    """The child side of :func:`in_child`: ``work()``'s result (a JSON-able dict) into ``OUT/child.json``."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "python"))
+    (Path(args.out) / "child.json").write_text(json.dumps(work(), default=str))
+    return 0
+
+
+def measure_models(script: str, args: Any, models: list[str], measure: Any) -> None:
+    """``measure(name, save)`` for each model (:func:`measure_each`) into ``OUT/<script's stem>.json``, where
+    ``save(row)`` writes the model in progress after those done, so that a run stopped part-way keeps every build
+    or timing it finished."""
+    import json
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc, path = experiment_doc(script, args.device), out / f"{Path(script).stem}.json"
+
+    def save(row: dict[str, Any]) -> None:  # the model in progress, after those done
+        path.write_text(json.dumps({**doc, "results": [*doc["results"], row]}, indent=1, default=str) + "\n")
+
+    measure_each(models, doc, path, lambda name: measure(name, save))
+
+
 def run_opbench(args: list[str], env: dict[str, str], log: Path, limit: float, wrap: list[str] | None = None
                 ) -> tuple[int | str, float, str]:
     """Run ``opbench ARGS`` (under ``wrap``, e.g. ``nsys profile ...``) from the repository root, appending the

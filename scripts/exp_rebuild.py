@@ -20,16 +20,14 @@ after every build (a run stopped part-way keeps the builds it finished).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _cli import bad_input, checked_models, experiment_doc, measure_each, model_device_args
+from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
 from bench_fused import stem
 
 #: the variants a rebuild runs in: as shipped, and with one step undone
@@ -68,15 +66,8 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
 
 def in_new_process(name: str, args: Any, variant: str, cache: Path) -> dict[str, Any]:
     """:func:`build` in a process of its own, ``$OPBENCH_CACHE`` at ``cache``."""
-    result = Path(args.out) / "child.json"
-    result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--out", args.out, "--models", name, "--batch", str(args.batch),
-           "--dtype", args.dtype, "--child", variant]
-    try:
-        subprocess.run(cmd, env=dict(os.environ, OPBENCH_CACHE=str(cache)), timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"variant": variant, "error": f"took over {args.timeout} s"}
-    return json.loads(result.read_text()) if result.is_file() else {"variant": variant, "error": "no result"}
+    flags = ["--models", name, "--batch", str(args.batch), "--dtype", args.dtype]
+    return in_child(__file__, args, variant, flags, dict(os.environ, OPBENCH_CACHE=str(cache)))
 
 
 def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
@@ -118,23 +109,12 @@ def main() -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:  # one build, in this new process
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-        result = build(args.models, args, args.child)
-        (Path(args.out) / "child.json").write_text(json.dumps(result, default=str))
-        return 0
+        return as_child(args, lambda: build(args.models, args, args.child))
     if args.reps < 1 or args.timeout <= 0:
         bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more rebuilds, a positive timeout")
     if args.device != "cuda":
         bad_input(f"--device {args.device!r}: captures need a GPU (accepted: cuda)")
-    models = checked_models(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    doc, path = experiment_doc("exp_rebuild.py", args.device), out / "exp_rebuild.json"
-
-    def save(row: dict[str, Any]) -> None:  # the model in progress, after those done
-        path.write_text(json.dumps({**doc, "results": [*doc["results"], row]}, indent=1, default=str) + "\n")
-
-    measure_each(models, doc, path, lambda name: measure(name, args, save))
+    measure_models("exp_rebuild.py", args, checked_models(args), lambda name, save: measure(name, args, save))
     return 0
 
 
