@@ -89,6 +89,24 @@ def measure_each(models: list[str], doc: dict[str, Any], path: Path, measure: An
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+class GcWatch:
+    """The seconds Python's garbage collector ran and its passes, by generation, since this was made (through
+    ``gc.callbacks``; read ``seconds`` and ``passes`` before and after what is watched)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds, self.passes, self._since = [0.0, 0.0, 0.0], [0, 0, 0], 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._since
+            self.passes[info["generation"]] += 1
+
+
 def in_child(script: str, args: Any, variant: str, flags: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Run ``script`` with ``--child VARIANT`` and ``flags`` in a new process (``env`` its environment, at most
     ``args.timeout`` seconds); what it left in ``OUT/child.json`` (:func:`as_child`), or a row saying why not."""

@@ -137,7 +137,7 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
     folder = out / "prebuild"
     folder.mkdir(exist_ok=True)
     todo = [(n, b, d) for n, b, d in items if not (folder / f"{stem(n, b, d)}.json").exists()]
-    running: list[tuple[subprocess.Popen, float]] = []
+    running: list[subprocess.Popen] = []
     env = dict(env or os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // max(1, jobs))))
     while todo or running:
         if todo and time.perf_counter() > deadline:
@@ -151,11 +151,10 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
             shutil.rmtree(store, ignore_errors=True)
             if COLD_CACHES:  # empty Inductor and Triton caches too
                 shutil.rmtree(caches_folder(out, (n, b, d)), ignore_errors=True)
-            running.append((subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store),
-                                                           **inductor_caches(out, (n, b, d)))),
-                            time.perf_counter()))
+            running.append(subprocess.Popen(cmd, env=dict(env, OPBENCH_CACHE=str(store),
+                                                          **inductor_caches(out, (n, b, d)))))
         time.sleep(1)
-        running = [(p, t) for p, t in running if p.poll() is None]
+        running = [p for p in running if p.poll() is None]
 
 
 def cache_dir(out: Path, name: str, batch: int) -> Path:
@@ -388,12 +387,11 @@ def table(results: list[dict]) -> str:
             continue
         ms, cold, nan = r["ms"], r.get("cold", {}), float("nan")
         combo = ms.get("torch.compile + combo kernels", nan)
-        best = min(v for v in (ms["model graph"], ms["torch.compile"], combo) if v == v)
         own = r.get("own_vs_timer", {}).get("capturer fused", nan)
         lines.append(f"{r['model']:<20}{r['batch']:>6}{dtype:>9}{ms['model graph']:>9.3f}{ms['torch.compile']:>9.3f}"
                      f"{combo:>9.3f}{ms['capturer aten']:>9.3f}{ms['capturer fused']:>9.3f}"
                      f"{r['fused_critical_path_ms']:>10.3f}{r['fused_vs_compile']:>10.2f}x"
-                     f"{ms['capturer fused'] / best - 1:>+9.1%}{own:>+8.1%}{r['fused_build_s']:>9.1f}"
+                     f"{vs_best(r):>+9.1%}{own:>+8.1%}{r['fused_build_s']:>9.1f}"
                      f"{r['torch_compile_s']:>10.1f}{r.get('rebuild', {}).get('build_s', nan):>8.1f}"
                      f"{cold.get('fused_cold_s', nan):>7.0f}{cold.get('torch_compile_cold_s', nan):>7.0f}"
                      f"  {r['fused_kept']}")

@@ -56,7 +56,7 @@ import threading
 import time
 from pathlib import Path
 
-from _cli import ROOT
+from _cli import ROOT, GcWatch
 
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -133,16 +133,7 @@ def main() -> int:
 
     process = psutil.Process()
     main_thread = threading.main_thread().native_id
-    collecting: dict = {"since": 0.0, "s": [0.0, 0.0, 0.0], "n": [0, 0, 0]}
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            collecting["since"] = time.perf_counter()
-        else:
-            collecting["s"][info["generation"]] += time.perf_counter() - collecting["since"]
-            collecting["n"][info["generation"]] += 1
-
-    gc.callbacks.append(on_gc)
+    collecting = GcWatch()
     gc_off = [False]
 
     def cpu_of_others() -> tuple[float, float]:
@@ -200,7 +191,7 @@ def main() -> int:
         first = time.perf_counter() - first
         torch.cuda.synchronize()
         others = cpu_of_others()
-        collected = (list(collecting["s"]), list(collecting["n"]))
+        collected = (list(collecting.seconds), list(collecting.passes))
         if gc_off[0]:
             gc.disable()
         before, cpu, wall = counters(), time.process_time(), time.perf_counter()
@@ -218,8 +209,8 @@ def main() -> int:
                     "host_cpu_percent": psutil.cpu_percent(None), "sm_clock_mhz_before_after": clocks,
                     "host_first_ms": first * 1e3, "python_loop_ms": loop_ms, "cpu_mhz": mhz,
                     "gc_ms_per_call": [(b - a) / (calls + args.number) * 1e3
-                                       for a, b in zip(collected[0], collecting["s"], strict=True)],
-                    "gc_collections": [b - a for a, b in zip(collected[1], collecting["n"], strict=True)],
+                                       for a, b in zip(collected[0], collecting.seconds, strict=True)],
+                    "gc_collections": [b - a for a, b in zip(collected[1], collecting.passes, strict=True)],
                     "other_threads_cpu_s": others[0], "children_cpu_s": others[1],
                     "threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
                     "counters": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}})

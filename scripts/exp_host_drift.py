@@ -32,7 +32,6 @@ goes with each process. Writes ``OUT/exp_host_drift.json`` after every process.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
+from _cli import GcWatch, as_child, bad_input, checked_models, in_child, measure_models, model_device_args
 from bench_fused import stem
 
 #: the processes after the first: the environment each adds (``one NUMA node``: see :func:`pin_to_gpu_node`)
@@ -147,15 +146,7 @@ class Windows:
         self.start = time.perf_counter()
         self.windows: list[dict[str, Any]] = []
         self.when = "build"
-        self.gc_s, self.gc_passes, self._gc_start = 0.0, [0, 0, 0], 0.0
-        gc.callbacks.append(self._gc)
-
-    def _gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_start = time.perf_counter()
-        else:
-            self.gc_s += time.perf_counter() - self._gc_start
-            self.gc_passes[info["generation"]] += 1
+        self.gc = GcWatch()
 
     def _snapshot(self) -> dict[str, Any]:
         import psutil
@@ -180,7 +171,7 @@ class Windows:
                 "switches": (switches.voluntary, switches.involuntary),
                 "process_cpu": own.user + own.system, "reaped_cpu": own.children_user + own.children_system,
                 "machine_busy": machine.user + machine.system + machine.nice, "machine_all": sum(machine),
-                "gc_s": self.gc_s, "gc_passes": list(self.gc_passes)}
+                "gc_s": sum(self.gc.seconds), "gc_passes": list(self.gc.passes)}
 
     def around(self, timed: Any, call: Any) -> None:
         """``call()`` (a timing of the rows of ``timed``) as one window."""
@@ -190,6 +181,7 @@ class Windows:
         call()
         after = self._snapshot()
         seconds = after["t"] - before["t"]
+        main_cpu = after["threads"][main][1] - before["threads"][main][1]
         was = before["threads"]
         others = sorted(((n, cpu - was.get(tid, ("", 0.0, 0.0))[1]) for tid, (n, cpu, _) in after["threads"].items()
                          if tid != main), key=lambda x: -x[1])
@@ -202,14 +194,13 @@ class Windows:
             "rows": {row["schedule"]: {k: row.get(k) for k in ("latency_ms", "host_ms", "device_ms")}
                      for row, _ in timed},
             "python_loop_ms": loop_ms,
-            "main_cpu_s": after["threads"][main][1] - before["threads"][main][1],
+            "main_cpu_s": main_cpu,
             "main_kernel_s": after["threads"][main][2] - before["threads"][main][2],
             "counters": {k: v - before["counters"].get(k, 0.0) for k, v in after["counters"].items()},
             "voluntary_switches": after["switches"][0] - before["switches"][0],
             "involuntary_switches": after["switches"][1] - before["switches"][1],
             # ended threads and ended child processes count too (in the process's and its reaped children's times)
-            "other_threads_cpu_s": after["process_cpu"] - before["process_cpu"]
-            - (after["threads"][main][1] - before["threads"][main][1]),
+            "other_threads_cpu_s": after["process_cpu"] - before["process_cpu"] - main_cpu,
             "busiest_threads": [(n, c) for n, c in others[:4] if c > 0],
             "children": len(after["children"]), "children_cpu_s": sum(c for _, c in children)
             + after["reaped_cpu"] - before["reaped_cpu"],
@@ -220,8 +211,8 @@ class Windows:
 
 
 def probe(name: str, args: Any, variant: str) -> dict[str, Any]:
-    """One build of ``name`` from the cache (or the first, ``variant`` "first") in this new process, every timing
-    of the capturer a window; then the timings after the build."""
+    """One build of ``name`` in ``variant`` (:data:`VARIANTS`, or "first") in this new process, from an empty
+    capturer cache, every timing of the capturer a window; then the timings after the build."""
     pinned = pin_to_gpu_node() if variant == "one NUMA node" else None  # before torch starts its threads
     import bench_fused
     import torch
