@@ -25,7 +25,11 @@ counted under PyTorch's profiler (``kernels``, ``kernels_by_name``). ``conv_relu
 on a GPU: the weights channels-last, and every convolution -> eval batch norm -> ReLU chain one call of cuDNN's
 fused convolution + bias + ReLU (``opbench.ir.conv_relu``), where the other variants leave out that step: one
 kernel where they run a convolution and a Triton kernel for the batch norm and ReLU after it (``conv_relu``: how
-many chains).
+many chains). ``taps`` is ``FusedBackend(depthwise="taps")``: every depthwise convolution a sum of shifted products
+that Inductor compiles into the region's kernels (``opbench.ir.depthwise``), the rest of the build as the library
+does it for a network without grouped convolutions (channels-last weights, chains as one cuDNN call where the
+network has no other grouped convolution); ``taps_no_chains`` the same without the chains (``unfolded``: how many
+depthwise convolutions).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -52,11 +56,15 @@ sys.path.insert(0, str(ROOT / "python"))
 #: each variant's Inductor settings (``torch._inductor.config``) while its regions compile
 VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
             "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True},
-            "conv_relu": {"layout_optimization": True}}
+            "conv_relu": {"layout_optimization": True}, "taps": {"layout_optimization": True},
+            "taps_no_chains": {"layout_optimization": True}}
 #: variants whose regions take their weights channels-last: ``weights_channels_last`` from a channels-last copy of
 #: the model (:func:`_variant_model`), ``conv_relu`` through ``FusedBackend``'s own step; the other variants are
 #: built with that step left out (:func:`build`)
-CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu"}
+CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_chains"}
+#: ``FusedBackend``'s arguments in each variant (else the default of none of its steps)
+BACKEND = {"conv_relu": {"conv_relu": True}, "taps": {"depthwise": "taps", "conv_relu": None},
+           "taps_no_chains": {"depthwise": "taps"}}
 
 
 def _variant_model(model: Any, layout: str) -> Any:
@@ -106,7 +114,8 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
     clock = time.perf_counter()
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext():
-        backend = fused.FusedBackend(model, [x], store=store, jobs=1, conv_relu=layout == "conv_relu")
+        backend = fused.FusedBackend(model, [x], store=store, jobs=1,
+                                     **({"conv_relu": False} | BACKEND.get(layout, {})))
     return backend, time.perf_counter() - clock
 
 
@@ -135,7 +144,7 @@ def measure(name: str, args: Any, out: Path) -> dict:
         store = out / "stores" / f"{name}_{args.batch}_{args.dtype}_{layout}"
         backend, seconds = build(_variant_model(model, layout), x, layout, store)
         variant = {"build_s": seconds, "regions": len(backend.regions), "built": backend.built,
-                   "conv_relu": backend.conv_relu_chains}
+                   "conv_relu": backend.conv_relu_chains, "unfolded": backend.depthwise_unfolded}
         for scheduler in (Sequential(), Greedy(4)):
             executor = ParallelExecutor(backend, scheduler.schedule(backend.graph))
             got = executor.run()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OpBenchError, first_line
+from .ir.depthwise import check_depthwise
 from .pipeline.compare import (
     EvaluateOptions,
     captures_of,
@@ -38,7 +39,7 @@ from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.fused import DEFAULT_LAYOUT, check_layout
+from .runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT, check_layout
 from .runtime.graphs import (
     COMBO_ROW,
     COMPILE_ROW,
@@ -131,6 +132,7 @@ class CaptureOptions:
     compiled: bool | Sequence[str] | None = None
     cut: str = "auto"
     layout: str = DEFAULT_LAYOUT
+    depthwise: str = DEFAULT_DEPTHWISE
     sm_partition: str = "off"
     dtype: str | None = None
     trace: str | Path | None = None
@@ -144,6 +146,9 @@ class CaptureOptions:
         if not isinstance(self.cache, bool) and self.cache != "schedule":
             raise OpBenchError(f"unknown capturer cache {self.cache!r} (accepted: False, True, 'schedule')")
         check_layout(self.layout)
+        if check_depthwise(self.depthwise) != DEFAULT_DEPTHWISE and self.kernels != "fused":
+            raise OpBenchError(f"depthwise={self.depthwise!r} unfolds the depthwise convolutions of fused regions "
+                               f"(accepted with kernels='fused'; kernels={self.kernels!r} takes depthwise='aten')")
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -180,7 +185,7 @@ def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedu
     saved_fields = saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
                          kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels),
-                         **({"layout": o.layout} | saved_fields))
+                         **({"layout": o.layout, "depthwise": o.depthwise} | saved_fields))
 
 
 def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
@@ -245,7 +250,8 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
     return _cache_path(model, inputs, {"kernels": o.kernels, "cut": o.cut, "merge": o.merge, "mode": o.mode,
                                        "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
                                        "compiled": o.compiled}
-                       | ({"layout": o.layout} if o.layout != DEFAULT_LAYOUT else {}))
+                       | ({"layout": o.layout} if o.layout != DEFAULT_LAYOUT else {})
+                       | ({"depthwise": o.depthwise} if o.depthwise != DEFAULT_DEPTHWISE else {}))
 
 
 def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
@@ -413,6 +419,9 @@ class CapturedSchedule:
         chains = getattr(self.backend, "conv_relu_chains", 0)
         if chains:
             text += f"; {chains} convolution -> batch norm -> ReLU chain{'s' * (chains != 1)} as one cuDNN call each"
+        unfolded = getattr(self.backend, "depthwise_unfolded", 0)
+        if unfolded:
+            text += f"; {unfolded} depthwise convolution{'s' * (unfolded != 1)} compiled into the regions' kernels"
         return text
 
     def dump(self, path: str | Path) -> Path:
@@ -454,7 +463,9 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     is also compiled with combo kernels and keeps the faster of its two codes,
     :func:`opbench.pipeline.compile.choose_combo`; ``layout``: the layout of the regions' convolutions,
     :data:`opbench.runtime.fused.LAYOUTS`: ``"pytorch"`` keeps the model's own, so that a later build of a model
-    with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed).
+    with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed;
+    ``depthwise="taps"``: depthwise convolutions unfolded into sums of shifted products that Inductor compiles into
+    the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels).
     The result is a
     :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
     fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or

@@ -133,6 +133,9 @@ def _schedule(path: Path, **extra) -> Path:
     (["--layout", "pytorch"], "--layout pytorch lays out the convolutions of Inductor-compiled regions: it applies"),
     (["--backend", "fused", "--layout", "pytorch", "--schedule", "CUT"],
      "--layout pytorch, but the schedule's regions were compiled in layout 'inductor'"),
+    (["--depthwise", "taps"], "--depthwise taps sets how Inductor-compiled regions run depthwise convolutions: it"),
+    (["--backend", "fused", "--depthwise", "taps", "--schedule", "CUT"],
+     "--depthwise taps, but the schedule's regions ran depthwise convolutions as 'aten'"),
 ])
 def test_an_option_that_does_not_apply_is_refused_not_ignored(tmp_path, args, message):
     files = {"PARTITIONED": _schedule(tmp_path / "p.json", sm_groups=[66], sm_group_of=[0]),

@@ -135,3 +135,37 @@ def test_a_shape_cudnn_cannot_fuse_runs_apart_and_is_not_tried_again(monkeypatch
             torch.testing.assert_close(conv_relu._conv_bias_relu(x, w, b, [1, 1], [1, 1], [1, 1], 1), expected)
     assert len(tried) == 1 and len(conv_relu._UNFUSED) == 1
     assert sum("running them apart" in r.message for r in caplog.records) == 1
+
+
+def test_given_the_inputs_only_chains_whose_shape_cudnn_fuses_are_fused(monkeypatch):
+    """With the graph's inputs, each chain's shape is tried once (here on the CPU, cuDNN's fused call replaced by
+    one that refuses three input channels): the stem's chain stays as it was, the other is fused, the outputs
+    equal the model's; a second pass tries no shape again."""
+    from opbench.ir import conv_relu
+
+    tried = []
+
+    def fuses_unless_three_channels(x, w, b, *args):
+        tried.append(tuple(x.shape))
+        assert x.is_contiguous(memory_format=torch.channels_last) and w.is_contiguous(memory_format=torch.channels_last)
+        if x.shape[1] == 3:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
+        return torch.relu(torch.nn.functional.conv2d(x, w, b, *args))
+
+    monkeypatch.setattr(conv_relu, "_probe_device", lambda inputs: torch.device("cpu"))
+    monkeypatch.setattr(torch, "cudnn_convolution_relu", fuses_unless_three_channels)
+    monkeypatch.setattr(conv_relu, "_UNFUSED", set())
+    monkeypatch.setattr(conv_relu, "_FUSED", set())
+    net, x = _net()
+    with torch.no_grad():
+        expected = net(x)
+    gm = torch.fx.symbolic_trace(net)
+    assert conv_relu.fuse_conv_relu(gm, [x]) == 1
+    kept = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+    assert {"stem.conv", "stem.bn"} <= kept and not {"conv", "bn"} & kept
+    assert sorted(tried) == [(1, 3, 12, 12), (1, 8, 12, 12)]
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), expected, rtol=1e-5, atol=1e-5)
+    again = torch.fx.symbolic_trace(net)
+    assert conv_relu.fuse_conv_relu(again, [x]) == 1 and len(tried) == 2  # each shape tried once per process
+    assert conv_relu.fuse_conv_relu(torch.fx.symbolic_trace(net)) == 2  # without the inputs: every chain

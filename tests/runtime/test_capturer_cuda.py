@@ -307,3 +307,42 @@ def test_googlenet_s_chains_run_as_one_cudnn_call_each_in_both_precisions():
         assert off(greedy_output(backend), exact) <= 1.5 * own + 1e-2, (off(greedy_output(backend), exact), own)
     finally:
         torch.backends.cudnn.allow_tf32 = True
+
+
+def test_fused_regions_run_depthwise_convolutions_as_their_own_kernels_on_the_gpu():
+    """On the GPU, fused regions built with ``depthwise="taps"`` unfold depthwise convolutions: equal to the
+    model in float32 and bfloat16 (summed in float32); a replay runs no depthwise kernel of PyTorch's, and at least
+    one kernel fewer per depthwise convolution than with ``depthwise="aten"`` (the convolution joins the batch norm
+    and ReLU after it in one generated kernel)."""
+    from opbench.runtime.executor import ParallelExecutor
+    from opbench.runtime.fused import FusedBackend
+    from opbench.schedule import get_scheduler
+
+    torch.manual_seed(0)
+    layers = []
+    for cin, cout, k, stride in ((16, 16, 3, 1), (16, 32, 5, 2), (32, 32, 7, 1)):
+        layers += [torch.nn.Conv2d(cin, cin, k, stride, k // 2, groups=cin, bias=False), torch.nn.BatchNorm2d(cin),
+                   torch.nn.ReLU(), torch.nn.Conv2d(cin, cout, 1), torch.nn.BatchNorm2d(cout), torch.nn.ReLU()]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, 2, 1), *layers).cuda().eval()
+    x = torch.randn(2, 3, 32, 32, device="cuda")
+
+    def kernels(backend):
+        run = ParallelExecutor(backend, get_scheduler("greedy").schedule(backend.graph))
+        out = run.run()[0]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run.cuda_graph.replay()
+            torch.cuda.synchronize()
+        return out, [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    for dtype, tol in ((torch.float32, 1e-2), (torch.bfloat16, 5e-2)):
+        low, xd = model.to(dtype), x.to(dtype)
+        backend = FusedBackend(low, [xd], store=None, depthwise="taps")
+        assert backend.depthwise_unfolded == 3 and backend.schedule_meta()["depthwise"] == "taps"
+        out, taps = kernels(backend)
+        with torch.no_grad():
+            torch.testing.assert_close(out.float(), low(xd).float(), rtol=tol, atol=tol)
+        aten = FusedBackend(low, [xd], store=None)  # the default
+        assert aten.depthwise_unfolded == 0
+        _, library = kernels(aten)
+        assert taps and not any("depthwise" in n.lower() for n in taps), taps
+        assert len(taps) <= len(library) - 3, (taps, library)

@@ -875,3 +875,56 @@ def test_the_source_digests_a_build_computes_in_a_thread_are_those_inductor_comp
     monkeypatch.setattr(triton_compat, "HAS_TRITON", True)
     hash_sources_meanwhile().join(10)
     assert calls == [("torch", "opbench-source-digests"), ("triton", "opbench-source-digests")]
+
+
+class Separable(torch.nn.Module):
+    """Two branches of depthwise (one with two filters per channel) then pointwise convolutions, as in NASNet's
+    separable convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.dw_a, self.bn_a = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), torch.nn.BatchNorm2d(8)
+        self.pw_a = torch.nn.Conv2d(8, 8, 1)
+        self.dw_b, self.pw_b = torch.nn.Conv2d(8, 16, 5, stride=2, padding=2, groups=8), torch.nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        a = self.pw_a(torch.relu(self.bn_a(self.dw_a(x))))
+        b = self.pw_b(self.dw_b(torch.relu(x)))
+        return a.mean((2, 3)) + b.mean((2, 3))
+
+
+def test_depthwise_taps_run_in_the_regions_and_a_later_build_finds_them_by_their_quick_keys(tmp_path, monkeypatch):
+    """``depthwise="taps"``: the depthwise convolutions are unfolded into the regions' code, the outputs equal the
+    model's, the schedule says so; a later build finds every region through its quick key (the key names this
+    library's function with a digest of its source), nothing traced to ATen."""
+    from opbench.runtime import fused
+
+    torch.manual_seed(0)
+    model = Separable().eval()
+    x = torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        expected = model(x)
+    first = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, depthwise="taps")
+    assert first.depthwise_unfolded == 2 and first.schedule_meta()["depthwise"] == "taps"
+    from opbench.parallel import CapturedSchedule
+    from opbench.schedule import get_scheduler
+
+    text = str(CapturedSchedule(first, get_scheduler("sequential").schedule(first.graph), [], None))
+    assert "; 2 depthwise convolutions compiled into the regions' kernels" in text
+    from opbench.pipeline.compile import saved_cut
+
+    assert saved_cut(first.schedule_meta())["depthwise"] == "taps"  # a saved schedule builds its regions so again
+    assert saved_cut({"regions": [["x"]]})["depthwise"] == "aten"  # one saved before depthwise could be unfolded
+    assert not first.fallbacks and first.built.get("compiled")
+    torch.testing.assert_close(_greedy(first)[0], expected, rtol=1e-4, atol=1e-5)
+    with monkeypatch.context() as patched:
+        patched.setattr(fused, "_aten_graph", lambda *a: pytest.fail("traced to ATen"))
+        again = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, depthwise="taps")
+    assert again.built == {"loaded": first.built["compiled"]} | ({"shared": first.built["shared"]}
+                                                                  if "shared" in first.built else {})
+    torch.testing.assert_close(_greedy(again)[0], expected, rtol=1e-4, atol=1e-5)
+    assert fused.FusedBackend(model, [x], store=None).schedule_meta()["depthwise"] == "aten"  # the default
+    with pytest.raises(OpBenchError, match="unknown depthwise convolution mode"):
+        fused.FusedBackend(model, [x], store=None, depthwise="cudnn")

@@ -139,6 +139,7 @@ def _tuner_names() -> list[str]:
 
 
 def _add_compare(sub: Any) -> None:
+    from ..ir.depthwise import DEPTHWISE
     from ..ir.regions import CUTS, KERNELS
     from ..runtime.backend import BACKENDS
     from ..runtime.fused import LAYOUTS
@@ -163,6 +164,10 @@ def _add_compare(sub: Any) -> None:
                    help="with fused kernels, the layout of the regions' convolutions: inductor (Inductor's choice, "
                         "channels-last; the default) or pytorch (the model's own: where the model has grouped "
                         "convolutions, a later build starts seconds sooner and runs a few percent slower)")
+    k.add_argument("--depthwise", default=None, choices=DEPTHWISE,
+                   help="with fused kernels, how the regions run depthwise convolutions: aten (PyTorch's "
+                        "convolution, the default) or taps (unfolded into the regions' own kernels: later builds "
+                        "make no cuDNN plans for them, cold builds compile longer)")
     k.add_argument("--torch-compile", action="store_true",
                    help="with --backend torch: also measure torch.compile(model, mode='reduce-overhead') (always "
                         "with fused kernels)")
@@ -528,6 +533,15 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
     if saved_cut and cut not in ("auto", saved_cut):
         raise OpBenchError(f"--cut {cut}, but the schedule was saved with its regions cut '{saved_cut}' "
                            f"(accepted: --cut {saved_cut} or auto, which reuses the saved regions)")
+    depthwise = getattr(args, "depthwise", None)
+    if depthwise is not None and not fused:
+        raise OpBenchError(f"--depthwise {depthwise} sets how Inductor-compiled regions run depthwise convolutions: "
+                           "it applies to --backend torch --kernels fused (or --backend fused), not to this run")
+    saved_depthwise = saved_cut_fields(schedule.meta).get("depthwise") if saved_cut else None
+    if saved_depthwise and depthwise not in (None, saved_depthwise):
+        raise OpBenchError(f"--depthwise {depthwise}, but the schedule's regions ran depthwise convolutions as "
+                           f"'{saved_depthwise}' (accepted: --depthwise {saved_depthwise}, or no --depthwise, which "
+                           "reuses the saved one)")
     saved_layout = saved_cut_fields(schedule.meta).get("layout") if saved_cut else None
     if saved_layout and layout not in (None, saved_layout):
         raise OpBenchError(f"--layout {layout}, but the schedule's regions were compiled in layout '{saved_layout}' "
@@ -538,11 +552,12 @@ def compare_job(args: argparse.Namespace, options: Any) -> Any:
     """The :class:`~opbench.pipeline.compare_job.CompareJob` that ``compare``'s flags describe."""
     from ..pipeline.compare_job import CompareJob
     from ..pipeline.compile import BackendSpec, merge_mode
-    from ..runtime.fused import DEFAULT_LAYOUT
+    from ..runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT
 
     database = _database_dir(args, "") if args.backend == "tvm" else None
     backend = BackendSpec(args.backend, args.kernels, merge_mode(args.merge), args.cut,
                           compiled=True if args.torch_compile else None, layout=args.layout or DEFAULT_LAYOUT,
+                          depthwise=args.depthwise or DEFAULT_DEPTHWISE,
                           repeat=args.compare_repeat,
                           number=args.compare_number)
     return CompareJob(model_spec(args), args.target, backend, options, None if database is None else str(database))

@@ -4,7 +4,12 @@ Algorithm (:func:`fuse_conv_relu`, a pass over a ``torch.fx`` graph):
 
 1. Find every chain ``Conv2d -> BatchNorm2d (eval, running statistics) -> ReLU`` whose convolution and batch
    norm are each read only by the next node of the chain, and whose convolution has one group and numeric
-   zero padding, in float32, float16 or bfloat16.
+   zero padding, in float32, float16 or bfloat16. Given the graph's inputs on a GPU, keep only the chains whose
+   shape cuDNN fuses: the shapes come from one run of the graph, and each shape is tried once on the device,
+   channels-last (:func:`cudnn_fuses`). A chain cuDNN cannot fuse stays as it is, for Inductor to
+   run its convolution and then one kernel of its own for the batch norm and ReLU, where the operator would run
+   three kernels (convolution, bias, ReLU; 67 of the 158 kernels of shufflenet_v2_x1_0's replay were such bias
+   and ReLU kernels, H200, float32, batch 1).
 2. Fold the batch norm into the convolution: ``w' = w * g / sqrt(v + eps)`` and ``b' = (b - m) * g /
    sqrt(v + eps) + beta``, computed in float32 from the parameters and rounded once to the convolution's dtype
    (folding in bfloat16 itself rounds the scale and the product each: googlenet's output was 0.12 from the
@@ -15,7 +20,8 @@ Algorithm (:func:`fuse_conv_relu`, a pass over a ``torch.fx`` graph):
 On a GPU the operator is ``torch.cudnn_convolution_relu``: cuDNN's fused convolution, bias and ReLU, one kernel
 where Inductor runs cuDNN's convolution and then a Triton kernel for the batch norm and the ReLU. Inductor runs
 the operator as an external kernel. A shape cuDNN cannot fuse runs the convolution and the ReLU apart (each
-such shape is tried once). Elsewhere the operator is ``conv2d`` then ``relu``.
+such shape is tried once; a pass given the inputs leaves such chains out). Elsewhere the operator is ``conv2d``
+then ``relu``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 _SCHEMA = "(Tensor x, Tensor weight, Tensor bias, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor"
 #: shapes (input, weight, dtype, stride, padding, dilation, groups) cuDNN refused to fuse: run apart from then on
 _UNFUSED: set[tuple] = set()
+#: shapes cuDNN fused when :func:`cudnn_fuses` tried them
+_FUSED: set[tuple] = set()
 
 
 def _memory_format(x: Any, weight: Any) -> Any:
@@ -61,7 +69,7 @@ def _conv_bias_relu(x: Any, weight: Any, bias: Any, stride: list[int], padding: 
     output in :func:`_memory_format`'s layout with the strides its fake gives (:func:`_fake`)."""
     import torch
 
-    key = (tuple(x.shape), tuple(weight.shape), str(x.dtype), tuple(stride), tuple(padding), tuple(dilation), groups)
+    key = _key(x, weight, stride, padding, dilation, groups)
     out = None
     if _fused_on_gpu(x) and key not in _UNFUSED:
         try:
@@ -150,22 +158,78 @@ def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
                           bn.weight if bn.affine else None, bn.bias if bn.affine else None)
 
 
-def fuse_conv_relu(gm: Any) -> int:
+def _key(x: Any, weight: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> tuple:
+    """A convolution's shape as :data:`_UNFUSED` and :func:`cudnn_fuses` key it."""
+    return (tuple(x.shape), tuple(weight.shape), str(x.dtype), tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+def cudnn_fuses(shape: Any, dtype: Any, device: Any, weight: Any, stride: Any, padding: Any, dilation: Any) -> bool:
+    """Whether cuDNN runs ``conv2d(x, weight, bias) -> relu`` as one fused call for an input ``x`` of ``shape`` and
+    ``dtype`` on ``device``: tried once per shape on empty channels-last tensors (the layout Inductor gives the
+    regions' convolutions), remembered for the process (:data:`_UNFUSED`, :data:`_FUSED`)."""
+    import torch
+
+    x = torch.empty(tuple(shape), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
+    key = _key(x, weight, stride, padding, dilation, 1)
+    if key not in _UNFUSED and key not in _FUSED:
+        w = torch.empty(weight.shape, dtype=weight.dtype, device=device).contiguous(memory_format=torch.channels_last)
+        bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=device)
+        try:
+            torch.cudnn_convolution_relu(x, w, bias, list(stride), list(padding), list(dilation), 1)
+            _FUSED.add(key)
+        except RuntimeError as err:
+            _UNFUSED.add(key)
+            log.info("cuDNN cannot fuse the convolution %s with its ReLU; the chain is left to Inductor (%s)", key,
+                     first_line(err)[:200])
+    return key in _FUSED
+
+
+def _input_metas(gm: Any, inputs: Any, convs: set[Any]) -> dict[Any, Any]:
+    """Each node of ``convs`` (convolution nodes of ``gm``) -> its input's ``TensorMetadata`` (shape, dtype), from
+    one run of ``gm`` on ``inputs`` (``torch.fx``'s ``ShapeProp``: on fake tensors it took seconds where a graph
+    holds many small operators); empty where that run fails."""
+    import torch
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    try:
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*inputs)
+    except Exception as err:  # a graph that cannot run so: every chain fused, as without inputs
+        log.info("convolution shapes not propagated (%s); every chain is fused", first_line(err)[:200])
+        return {}
+    return {n: n.args[0].meta.get("tensor_meta") for n in convs}
+
+
+def _probe_device(inputs: Any | None) -> Any | None:
+    """The device :func:`fuse_conv_relu` tries chains' shapes on: the first CUDA input's, with cuDNN enabled;
+    None otherwise (every chain fused)."""
+    import torch
+
+    device = next((x.device for x in inputs or () if getattr(x, "is_cuda", False)), None)
+    return device if torch.backends.cudnn.enabled else None
+
+
+def fuse_conv_relu(gm: Any, inputs: Any | None = None) -> int:
     """Replace, in the ``torch.fx.GraphModule`` ``gm`` (in place), each chain of a convolution, its eval batch
-    norm and a ReLU by one call of :func:`conv_bias_relu_op` (see the module docstring); how many chains.
+    norm and a ReLU by one call of :func:`conv_bias_relu_op` (see the module docstring); how many chains. Given
+    ``inputs`` (the graph's, on a GPU with cuDNN), only the chains whose shape cuDNN fuses (:func:`cudnn_fuses`).
 
     The folded weights are new parameters of ``gm``; the chains' modules are dropped from ``gm`` and left as
     they are wherever else they are held (the model ``gm`` was traced from keeps its own)."""
     import torch
 
     modules = dict(gm.named_modules())
+    found_chains = [(relu, found) for relu in list(gm.graph.nodes) if (found := _chain(relu, modules)) is not None]
+    device = _probe_device(inputs) if found_chains else None
+    metas = _input_metas(gm, inputs, {found[0] for _, found in found_chains}) if device is not None else {}
     op = conv_bias_relu_op()
-    chains, index = 0, 0
-    for relu in list(gm.graph.nodes):
-        found = _chain(relu, modules)
-        if found is None:
+    chains, index, left = 0, 0, 0
+    for relu, (conv_node, conv, bn_node, bn) in found_chains:
+        meta = metas.get(conv_node)
+        if meta is not None and not cudnn_fuses(meta.shape, meta.dtype, device, conv.weight, conv.stride,
+                                                conv.padding, conv.dilation):
+            left += 1
             continue
-        conv_node, conv, bn_node, bn = found
         weight, bias = fold_batchnorm(conv, bn)
         while hasattr(gm, f"conv_relu_{index}_weight"):  # a graph fused before keeps its names
             index += 1
@@ -184,7 +248,9 @@ def fuse_conv_relu(gm: Any) -> int:
         gm.delete_all_unused_submodules()
         gm.recompile()
         log.info("conv -> batch norm -> ReLU: %d chains run as one cuDNN call each", chains)
+    if left:
+        log.info("conv -> batch norm -> ReLU: %d chains left to Inductor (cuDNN does not fuse their shapes)", left)
     return chains
 
 
-__all__ = ["DTYPES", "OP_NAME", "conv_bias_relu_op", "fold_batchnorm", "fuse_conv_relu"]
+__all__ = ["DTYPES", "OP_NAME", "conv_bias_relu_op", "cudnn_fuses", "fold_batchnorm", "fuse_conv_relu"]

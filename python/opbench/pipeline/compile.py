@@ -30,7 +30,7 @@ from ..models import Workload
 from ..profile.schedule import median, merge_cost, time_ops
 from ..runtime import BuiltModule, OperatorKernels, build_module
 from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
-from ..runtime.fused import DEFAULT_LAYOUT
+from ..runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT
 from ..runtime.target import tuning_target
 from .spec import Spec, SpecError, check_positive, overridden
 
@@ -196,6 +196,10 @@ class BackendSpec(Spec):
         For fused kernels, whether each convolution -> eval batch norm -> ReLU chain runs as one cuDNN call
         (``FusedBackend(conv_relu=)``): ``None`` decides (on a GPU, in Inductor's layout, without grouped
         convolutions); a saved fused schedule's ``meta["conv_relu"]``.
+    depthwise:
+        For fused kernels, how depthwise convolutions run (:data:`opbench.ir.depthwise.DEPTHWISE`:
+        ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution, by default); a saved fused schedule's
+        ``meta["depthwise"]``.
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -213,12 +217,14 @@ class BackendSpec(Spec):
     combo_regions: tuple[int, ...] | None = None
     layout: str = DEFAULT_LAYOUT
     conv_relu: bool | None = None
+    depthwise: str = DEFAULT_DEPTHWISE
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
 
     def validate(self) -> None:
         """Check every field (see :class:`~opbench.pipeline.spec.Spec`)."""
+        from ..ir.depthwise import DEPTHWISE
         from ..ir.regions import CUTS
         from ..ir.torch_graph import TRACERS as TRACES
         from ..runtime.backend import BACKEND_KINDS
@@ -234,6 +240,8 @@ class BackendSpec(Spec):
                                              "numbers from 0 (a saved schedule's meta['combo'])")
         if not (self.conv_relu is None or isinstance(self.conv_relu, bool)):
             raise SpecError("conv_relu", f"conv_relu {self.conv_relu!r} (accepted: true, false, or null to decide)")
+        if self.depthwise not in DEPTHWISE:
+            raise SpecError("depthwise", f"unknown depthwise {self.depthwise!r} (accepted: {', '.join(DEPTHWISE)})")
         check_positive(self, ("repeat", "number"))
 
 
@@ -270,7 +278,7 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
         fused = KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
                                      regions=regions, trace=trace, costs=costs, merge=merge or False,
                                      combo=list(o.combo_regions) if o.combo_regions is not None else o.combo,
-                                     layout=o.layout, conv_relu=o.conv_relu)
+                                     layout=o.layout, conv_relu=o.conv_relu, depthwise=o.depthwise)
         choose_combo(fused, repeat, number)
         return fused
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")
@@ -297,13 +305,15 @@ def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
     (``regions``), the merged groups it names (``merged``), the regions that ran combo-kernel code
     (``combo_regions``; none for a schedule saved before they could), the layout of their convolutions
     (``layout``; Inductor's for one saved before it could be chosen) and whether convolution -> batch norm -> ReLU
-    chains ran as one call (``conv_relu``; not for one saved before they could); ``{}`` for a schedule without a
-    cut."""
+    chains ran as one call (``conv_relu``; not for one saved before they could) and how depthwise convolutions ran
+    (``depthwise``; PyTorch's convolution for one saved before they could run otherwise); ``{}`` for a schedule
+    without a cut."""
     regions = (meta or {}).get("regions")
     if not regions:
         return {}
     return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ()),
-            "layout": meta.get("layout") or DEFAULT_LAYOUT, "conv_relu": bool(meta.get("conv_relu", False))}
+            "layout": meta.get("layout") or DEFAULT_LAYOUT, "conv_relu": bool(meta.get("conv_relu", False)),
+            "depthwise": meta.get("depthwise") or DEFAULT_DEPTHWISE}
 
 
 #: how much faster (relative median) a region's combo-kernel code must run to be kept over its default code: at a

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
+from ..ir.depthwise import DEPTHWISE, check_depthwise, unfold_depthwise
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
 from ..ir.torch_graph import fx_module, merge_into_graph
 from ..utils import written_whole
@@ -74,6 +75,8 @@ LAYOUTS = ("inductor", "pytorch")
 #: the layout regions are compiled in unless asked otherwise (and that of a schedule saved before layouts); keys and
 #: cache keys name only another one, so that code stored before layouts is found again
 DEFAULT_LAYOUT = LAYOUTS[0]
+#: how regions run depthwise convolutions unless asked otherwise (and in a schedule saved before the choice)
+DEFAULT_DEPTHWISE = DEPTHWISE[0]
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
@@ -254,6 +257,22 @@ def _device_name(values: Sequence[Any]) -> str:
 #: where a region's ``call_function`` targets may come from for :func:`_quick_key` (a function of the user's could
 #: change without its name changing)
 _LIBRARY_FUNCTIONS = ("torch", "_operator", "operator", "math", "builtins", "_functools", "functools")
+#: where this library's own functions come from, which a quick key names with a digest of their source (a graph
+#: pass writes them into the traced graph: :func:`opbench.ir.depthwise.depthwise_taps`)
+_OWN_FUNCTIONS = "opbench."
+
+
+@functools.cache
+def _source_digest(function: Any) -> str | None:
+    """A digest of ``function``'s source code (None where it has none to read)."""
+    import inspect
+
+    from ..utils import digest
+
+    try:
+        return digest(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
 
 
 #: plain settings of a module that its key includes besides its ``repr`` (which may leave some out)
@@ -275,11 +294,12 @@ def _module_key(module: Any) -> list[Any]:
 def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: str = DEFAULT_LAYOUT) -> str | None:
     """A key of a region as traced by ``torch.fx``, computed without tracing it to ATen: its nodes in order, each
     with its operation, its target (a module by :func:`_module_key`, not by name, so that regions of one structure
-    share a key; a function by its qualified name) and its arguments (earlier nodes by position), and the metadata
-    of its inputs, parameters and buffers. None for a region that calls a function outside torch and the standard
-    library. A later build finds through it the stored artifact of the region's ATen graph
-    (:meth:`RegionCompiler.compile_all`), whose outputs are then checked against the region's, once for each key
-    and build. ``combo``, ``layout``: the key of its code compiled with combo kernels, in that layout."""
+    share a key; a function by its qualified name, one of this library's with a digest of its source) and its
+    arguments (earlier nodes by position), and the metadata of its inputs, parameters and buffers. None for a
+    region that calls a function outside torch, the standard library and this library. A later build finds
+    through it the stored artifact of the region's ATen graph (:meth:`RegionCompiler.compile_all`), whose outputs
+    are then checked against the region's, once for each key and build. ``combo``, ``layout``: the key of its
+    code compiled with combo kernels, in that layout."""
     import torch
     from torch.fx.node import map_arg
 
@@ -302,9 +322,12 @@ def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: 
             target = state[id(value)]
         elif node.op == "call_function":
             where = str(getattr(node.target, "__module__", None) or "")
-            if not where.startswith(_LIBRARY_FUNCTIONS):
+            own = where.startswith(_OWN_FUNCTIONS)
+            if not (own or where.startswith(_LIBRARY_FUNCTIONS)) or (own and _source_digest(node.target) is None):
                 return None
             target = f"{where}.{getattr(node.target, '__qualname__', getattr(node.target, '__name__', node.target))}"
+            if own:
+                target += f"@{_source_digest(node.target)}"
         else:  # placeholder (by position), call_method (a method's name), output
             target = node.target if node.op == "call_method" else None
         arguments = map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
@@ -912,6 +935,18 @@ class FusedBackend(TorchBackend):
         weights stay in the model's layout: :func:`weights_channels_last`). googlenet's replay ran 105 kernels
         instead of 162, its greedy schedule 0.277 ms instead of 0.325 (H200, float32, batch 1;
         ``scripts/exp_layout.py``). ``True`` or ``False``: so; a saved schedule's ``meta["conv_relu"]``.
+    depthwise:
+        How the regions run depthwise convolutions (:data:`opbench.ir.depthwise.DEPTHWISE`): ``aten`` (default),
+        PyTorch's convolution (cuDNN, in Inductor's layout), or ``taps``, unfolded into sums of shifted products
+        before the cut (:func:`opbench.ir.depthwise.unfold_depthwise`), which Inductor compiles into the regions' own
+        kernels. A model left without grouped convolutions then gets the ``conv_relu`` default and channels-last
+        weights of one that never had any, and its chains are fused only where cuDNN fuses their shape
+        (:func:`opbench.ir.conv_relu.fuse_conv_relu` given the inputs). A trade, measured on an H200
+        (``scripts/exp_layout.py``, ``scripts/bench_fused.py --depthwise taps``): randwire's kept schedule ran
+        0.201 ms instead of 0.244 (batch 1, float32) and nasnet's greedy schedule 0.657 instead of 0.768 ms
+        (batch 8, bfloat16), mobilenet_v3_large within 1 %, shufflenet_v2_x1_0's schedules 4 % slower; a later build
+        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer (nasnet 44 s
+        against a cold ``torch.compile``'s 29 s). A saved schedule's ``meta["depthwise"]``.
 
     Attributes
     ----------
@@ -930,6 +965,8 @@ class FusedBackend(TorchBackend):
         The groups of sibling convolutions merged, by node name (empty without ``merge``).
     conv_relu_chains:
         How many convolution -> batch norm -> ReLU chains run as one cuDNN call (0 without ``conv_relu``).
+    depthwise_unfolded:
+        How many depthwise convolutions were unfolded (0 unless ``depthwise="taps"``).
     recompiled:
         The regions compiled again for the strides their compiled producers hand them
         (:func:`_compile_for_handed_strides`).
@@ -951,7 +988,7 @@ class FusedBackend(TorchBackend):
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
                  merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
                  jobs: int | None = None, combo: bool | Sequence[int] = False, layout: str = DEFAULT_LAYOUT,
-                 conv_relu: bool | None = None) -> None:
+                 conv_relu: bool | None = None, depthwise: str = DEFAULT_DEPTHWISE) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -963,14 +1000,17 @@ class FusedBackend(TorchBackend):
         if cut not in CUTS:
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
         self.layout = check_layout(layout)
+        self.depthwise = check_depthwise(depthwise)
         if store is not None:  # Inductor needs them to load or store a region's code
             hash_sources_meanwhile()
         gm, self.source_trace = fx_module(model, inputs, trace)
         self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         conv_bias_relu_op()  # registered before a region that calls it is compiled or loaded
+        self.depthwise_unfolded = unfold_depthwise(gm) if self.depthwise == "taps" else 0
         if conv_relu is None:
             conv_relu = self.layout == "inductor" and _on_cuda(inputs) and not _grouped_convolutions(gm)
-        self.conv_relu_chains = fuse_conv_relu(gm) if conv_relu else 0
+        # with depthwise convolutions unfolded, chains of shapes cuDNN does not fuse are left to Inductor
+        self.conv_relu_chains = fuse_conv_relu(gm, inputs if self.depthwise_unfolded else None) if conv_relu else 0
         if self.layout == "inductor":
             gm = weights_channels_last(gm)
         ops, preds = fx_operator_dag(gm.graph)
@@ -1096,7 +1136,8 @@ class FusedBackend(TorchBackend):
 
     def schedule_meta(self) -> dict[str, Any]:
         return {"kernels": self.name, "cut": self.cut, "regions": self.regions, "merged": self.merged_groups,
-                "combo": self.combo_regions, "layout": self.layout, "conv_relu": bool(self.conv_relu_chains)}
+                "combo": self.combo_regions, "layout": self.layout, "conv_relu": bool(self.conv_relu_chains),
+                "depthwise": self.depthwise}
 
     def _region_flops(self, gm: Any, inputs: Sequence[Any], cut_ops: list[list[int]]) -> dict[str, float]:
         """FLOPs of each region's call in the split graph, summed over its traced operators."""
@@ -1159,5 +1200,5 @@ def _grouped_convolutions(module: Any) -> int:
 
 
 # fx_module: opbench.ir.torch_graph's
-__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler", "check_layout",
-           "compile_region", "fx_module", "weights_channels_last"]
+__all__ = ["DEFAULT_DEPTHWISE", "DEFAULT_LAYOUT", "LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler",
+           "check_layout", "compile_region", "fx_module", "weights_channels_last"]

@@ -1,0 +1,121 @@
+"""Depthwise convolutions as sums of shifted products, for Inductor to compile into its own kernels.
+
+Algorithm (:func:`unfold_depthwise`, a pass over a ``torch.fx`` graph):
+
+1. Find every call of a ``Conv2d`` module whose groups equal its input channels (a depthwise convolution,
+   ``m = out_channels / in_channels`` outputs per input channel), with numeric padding and zero padding mode.
+2. Replace the call by :func:`depthwise_taps` on the same input, weight and bias: the input padded with zeros
+   (each channel repeated ``m`` times where ``m > 1``), then for each of the ``kh * kw`` taps of the kernel the
+   strided window of the input the tap reads, times the tap's weight per channel, summed in float32 and rounded
+   once to the input's dtype (as cuDNN accumulates), plus the bias.
+
+Why: in Inductor's channels-last layout PyTorch sends every depthwise convolution to cuDNN, which runs it with a
+generic engine and makes its plan anew in every process (seconds for a network of dozens of them: the first run of
+a later build's loaded regions). Written as element-wise arithmetic, the convolution is one loop over its output
+that Inductor fuses with the operators around it (the batch norm and activation after it, the activation before
+it) into one generated kernel: no library call, no plan, no separate kernel for the batch norm.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: how a fused region runs a depthwise convolution: ``aten`` (PyTorch's convolution: cuDNN in Inductor's
+#: channels-last layout) or ``taps`` (:func:`depthwise_taps`, compiled by Inductor into the region's kernels)
+DEPTHWISE = ("aten", "taps")
+
+
+def depthwise_taps(x: Any, weight: Any, bias: Any | None, stride: tuple[int, int], padding: tuple[int, int],
+                   dilation: tuple[int, int]) -> Any:
+    """``conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])`` as a sum over the kernel's taps,
+    accumulated in float32 and returned in ``x``'s dtype (see the module docstring).
+
+    Parameters
+    ----------
+    x:
+        The input, ``(N, C, H, W)``, any floating dtype and layout.
+    weight:
+        ``(C * m, 1, kh, kw)``: ``m`` filters per input channel.
+    bias:
+        ``(C * m,)`` or None.
+    stride, padding, dilation:
+        Per spatial dimension, as ``Conv2d`` has them.
+    """
+    import torch
+
+    channels, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    padded = torch.nn.functional.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    if channels != x.shape[1]:  # m filters per channel: each channel read by its m outputs
+        padded = padded.repeat_interleave(channels // x.shape[1], dim=1)
+    taps = weight.float().reshape(channels, kh * kw)
+    acc = None
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
+            term = window.float() * taps[:, i * kw + j].reshape(1, channels, 1, 1)
+            acc = term if acc is None else acc + term
+    if bias is not None:
+        acc = acc + bias.float().reshape(1, channels, 1, 1)
+    return acc.to(x.dtype)
+
+
+def _depthwise(node: Any, modules: dict[str, Any]) -> Any | None:
+    """The ``Conv2d`` that ``node`` calls when :func:`unfold_depthwise` unfolds it, else None."""
+    import torch
+
+    conv = modules.get(node.target) if node.op == "call_module" else None
+    if type(conv) is not torch.nn.Conv2d or conv.groups == 1 or conv.groups != conv.in_channels \
+            or isinstance(conv.padding, str) or conv.padding_mode != "zeros" or len(node.args) != 1 or node.kwargs:
+        return None
+    return conv
+
+
+def unfold_depthwise(gm: Any) -> int:
+    """Replace, in the ``torch.fx.GraphModule`` ``gm`` (in place), each call of a depthwise ``Conv2d`` by
+    :func:`depthwise_taps` (see the module docstring); how many.
+
+    The convolutions' weights and biases become parameters of ``gm`` of their own (the same tensors); their
+    modules are dropped from ``gm`` and left as they are wherever else they are held."""
+    modules = dict(gm.named_modules())
+    unfolded, index = 0, 0
+    for node in list(gm.graph.nodes):
+        conv = _depthwise(node, modules)
+        if conv is None:
+            continue
+        while hasattr(gm, f"depthwise_{index}_weight"):  # a graph unfolded before keeps its names
+            index += 1
+        names = [f"depthwise_{index}_weight", f"depthwise_{index}_bias" if conv.bias is not None else None]
+        for name, value in zip(names, (conv.weight, conv.bias), strict=True):
+            if name is not None:
+                gm.register_parameter(name, value)
+        with gm.graph.inserting_before(node):
+            weight, bias = (gm.graph.get_attr(n) if n is not None else None for n in names)
+            taps = gm.graph.call_function(depthwise_taps, (node.args[0], weight, bias, tuple(conv.stride),
+                                                           tuple(conv.padding), tuple(conv.dilation)))
+        node.replace_all_uses_with(taps)
+        gm.graph.erase_node(node)
+        unfolded += 1
+    if unfolded:
+        gm.graph.lint()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+        log.info("depthwise convolutions: %d unfolded into sums of shifted products", unfolded)
+    return unfolded
+
+
+def check_depthwise(depthwise: str) -> str:
+    """``depthwise`` when it is one of :data:`DEPTHWISE`, else a one-line error naming those accepted."""
+    from ..errors import OpBenchError
+
+    if depthwise not in DEPTHWISE:
+        raise OpBenchError(f"unknown depthwise convolution mode {depthwise!r} (accepted: {', '.join(DEPTHWISE)})")
+    return depthwise
+
+
+__all__ = ["DEPTHWISE", "check_depthwise", "depthwise_taps", "unfold_depthwise"]
