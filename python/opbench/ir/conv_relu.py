@@ -30,6 +30,7 @@ import logging
 from typing import Any
 
 from ..errors import first_line
+from .graph import recompiled
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +245,7 @@ def fuse_conv_relu(gm: Any, inputs: Any | None = None) -> int:
             gm.graph.erase_node(node)
         chains += 1
     if chains:
-        gm.graph.lint()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
+        recompiled(gm)
         log.info("conv -> batch norm -> ReLU: %d chains run as one cuDNN call each", chains)
     if left:
         log.info("conv -> batch norm -> ReLU: %d chains left to Inductor (cuDNN does not fuse their shapes)", left)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .graph import recompiled
+
 log = logging.getLogger(__name__)
 
 #: how a fused region runs a depthwise convolution: ``aten`` (PyTorch's convolution: cuDNN in Inductor's
@@ -102,9 +104,7 @@ def unfold_depthwise(gm: Any) -> int:
         gm.graph.erase_node(node)
         unfolded += 1
     if unfolded:
-        gm.graph.lint()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
+        recompiled(gm)
         log.info("depthwise convolutions: %d unfolded into sums of shifted products", unfolded)
     return unfolded
 

@@ -150,3 +150,12 @@ class OpGraph:
             "outputs": [a.to_list() for a in self.outputs],
             "num_constants": len(self.constants),
         }
+
+
+def recompiled(gm: Any) -> Any:
+    """``gm`` (a ``torch.fx.GraphModule``) after a pass rewrote its graph: the graph checked, the submodules no
+    node calls any more dropped, its code generated again."""
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import OpBenchError, first_line
 from .conv_relu import fold_into_conv
 from .features import tensor_bytes
-from .graph import ArgRef, OpGraph, OpNode
+from .graph import ArgRef, OpGraph, OpNode, recompiled
 
 TRACERS = ("export", "fx", "auto", "graph")  # graph: a torch.fx GraphModule taken as it is
 
@@ -410,9 +410,7 @@ def merge_into_graph(gm: Any, inputs: Sequence[Any], groups: Sequence[Sequence[s
         for member in members:
             graph.erase_node(member)
     graph.eliminate_dead_code()
-    graph.lint()
-    gm.recompile()
-    gm.delete_all_unused_submodules()  # the merged convolutions' own modules (a torch.fx trace)
+    recompiled(gm)  # the merged convolutions' own modules dropped (a torch.fx trace)
     return merged
 
 
