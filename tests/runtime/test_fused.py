@@ -553,6 +553,14 @@ def test_the_capturer_builds_a_saved_cut_in_its_saved_layout_and_otherwise_in_th
     parallel._backend(None, [], options, None)
     parallel._backend(None, [], options, saved)
     assert [kw["layout"] for kw in asked] == ["pytorch", "inductor"] and asked[1]["regions"] == [["x"]]
+    # depthwise convolutions too: as asked, or as the saved cut ran them (as PyTorch's convolution, saved before)
+    parallel._backend(None, [], parallel.CaptureOptions(kernels="fused", depthwise="taps"), None)
+    parallel._backend(None, [], parallel.CaptureOptions(kernels="fused", depthwise="taps"), saved)
+    assert [kw["depthwise"] for kw in asked[2:]] == ["taps", "aten"]
+    with pytest.raises(OpBenchError, match="depthwise='taps' unfolds the depthwise convolutions of fused regions"):
+        parallel.CaptureOptions(depthwise="taps")  # with PyTorch's kernels
+    with pytest.raises(OpBenchError, match=r"unknown depthwise convolution mode 'cudnn' \(accepted: aten, taps\)"):
+        parallel.CaptureOptions(kernels="fused", depthwise="cudnn")
 
 
 def test_bad_kernels_and_cuts_are_one_line(block):

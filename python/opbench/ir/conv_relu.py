@@ -70,7 +70,7 @@ def _conv_bias_relu(x: Any, weight: Any, bias: Any, stride: list[int], padding: 
     output in :func:`_memory_format`'s layout with the strides its fake gives (:func:`_fake`)."""
     import torch
 
-    key = _key(x, weight, stride, padding, dilation, groups)
+    key = _key(x.shape, x.dtype, weight, stride, padding, dilation, groups)
     out = None
     if _fused_on_gpu(x) and key not in _UNFUSED:
         try:
@@ -159,9 +159,9 @@ def fold_batchnorm(conv: Any, bn: Any) -> tuple[Any, Any]:
                           bn.weight if bn.affine else None, bn.bias if bn.affine else None)
 
 
-def _key(x: Any, weight: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> tuple:
-    """A convolution's shape as :data:`_UNFUSED` and :func:`cudnn_fuses` key it."""
-    return (tuple(x.shape), tuple(weight.shape), str(x.dtype), tuple(stride), tuple(padding), tuple(dilation), groups)
+def _key(shape: Any, dtype: Any, weight: Any, stride: Any, padding: Any, dilation: Any, groups: int) -> tuple:
+    """A convolution of an input of ``shape`` and ``dtype`` as :data:`_UNFUSED` and :func:`cudnn_fuses` key it."""
+    return (tuple(shape), tuple(weight.shape), str(dtype), tuple(stride), tuple(padding), tuple(dilation), groups)
 
 
 def cudnn_fuses(shape: Any, dtype: Any, device: Any, weight: Any, stride: Any, padding: Any, dilation: Any) -> bool:
@@ -170,9 +170,9 @@ def cudnn_fuses(shape: Any, dtype: Any, device: Any, weight: Any, stride: Any, p
     regions' convolutions), remembered for the process (:data:`_UNFUSED`, :data:`_FUSED`)."""
     import torch
 
-    x = torch.empty(tuple(shape), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
-    key = _key(x, weight, stride, padding, dilation, 1)
+    key = _key(shape, dtype, weight, stride, padding, dilation, 1)
     if key not in _UNFUSED and key not in _FUSED:
+        x = torch.empty(tuple(shape), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
         w = torch.empty(weight.shape, dtype=weight.dtype, device=device).contiguous(memory_format=torch.channels_last)
         bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=device)
         try:
