@@ -59,8 +59,8 @@ VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_
             "conv_relu": {"layout_optimization": True}, "taps": {"layout_optimization": True},
             "taps_no_chains": {"layout_optimization": True}}
 #: variants whose regions take their weights channels-last: ``weights_channels_last`` from a channels-last copy of
-#: the model (:func:`_variant_model`), ``conv_relu`` through ``FusedBackend``'s own step; the other variants are
-#: built with that step left out (:func:`build`)
+#: the model (:func:`_variant_model`), ``conv_relu``, ``taps`` and ``taps_no_chains`` through ``FusedBackend``'s own
+#: step; the other variants are built with that step left out (:func:`build`)
 CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_chains"}
 #: ``FusedBackend``'s arguments in each variant (else the default of none of its steps)
 BACKEND = {"conv_relu": {"conv_relu": True}, "taps": {"depthwise": "taps", "conv_relu": None},

@@ -232,7 +232,8 @@ class BackendSpec(Spec):
 
         for name, value, accepted in (("kind", self.kind, BACKEND_KINDS.kinds()), ("kernels", self.kernels, KERNELS),
                                       ("merge", self.merge, MERGE_MODES), ("cut", self.cut, ("auto", *CUTS)),
-                                      ("trace", self.trace, TRACES), ("layout", self.layout, LAYOUTS)):
+                                      ("trace", self.trace, TRACES), ("layout", self.layout, LAYOUTS),
+                                      ("depthwise", self.depthwise, DEPTHWISE)):
             if value not in accepted:
                 raise SpecError(name, f"unknown {name} {value!r} (accepted: {', '.join(accepted)})")
         if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
@@ -240,8 +241,6 @@ class BackendSpec(Spec):
                                              "numbers from 0 (a saved schedule's meta['combo'])")
         if not (self.conv_relu is None or isinstance(self.conv_relu, bool)):
             raise SpecError("conv_relu", f"conv_relu {self.conv_relu!r} (accepted: true, false, or null to decide)")
-        if self.depthwise not in DEPTHWISE:
-            raise SpecError("depthwise", f"unknown depthwise {self.depthwise!r} (accepted: {', '.join(DEPTHWISE)})")
         check_positive(self, ("repeat", "number"))
 
 

@@ -322,12 +322,11 @@ def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: 
             target = state[id(value)]
         elif node.op == "call_function":
             where = str(getattr(node.target, "__module__", None) or "")
-            own = where.startswith(_OWN_FUNCTIONS)
-            if not (own or where.startswith(_LIBRARY_FUNCTIONS)) or (own and _source_digest(node.target) is None):
+            source = _source_digest(node.target) if where.startswith(_OWN_FUNCTIONS) else ""
+            if source is None or not (source or where.startswith(_LIBRARY_FUNCTIONS)):
                 return None
             target = f"{where}.{getattr(node.target, '__qualname__', getattr(node.target, '__name__', node.target))}"
-            if own:
-                target += f"@{_source_digest(node.target)}"
+            target += f"@{source}" if source else ""
         else:  # placeholder (by position), call_method (a method's name), output
             target = node.target if node.op == "call_method" else None
         arguments = map_arg((node.args, node.kwargs), lambda n: f"%{position[n]}")
