@@ -14,20 +14,38 @@ from opbench.ir.depthwise import check_depthwise, depthwise_taps, unfold_depthwi
 
 @pytest.mark.parametrize("channels, multiplier, k, stride, padding, dilation, bias", [
     (8, 1, 3, 1, 1, 1, True), (6, 1, 5, 2, 2, 1, False), (4, 2, 3, 1, 1, 1, True), (5, 1, 7, 1, 3, 1, True),
-    (3, 1, 3, 2, 0, 2, True), (4, 3, (3, 1), (2, 1), (1, 0), 1, False)])
-def test_taps_equal_the_convolution(channels, multiplier, k, stride, padding, dilation, bias):
+    (3, 1, 3, 2, 0, 2, True), (4, 3, (3, 1), (2, 1), (1, 0), 1, False), (4, 1, 3, 2, 2, (2, 3), True)])
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_taps_equal_the_convolution(channels, multiplier, k, stride, padding, dilation, bias, unrolled):
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(channels, channels * multiplier, k, stride, padding, dilation, groups=channels,
                            bias=bias)
     x = torch.randn(2, channels, 11, 9)
     with torch.no_grad():
         want = conv(x)
-        got = depthwise_taps(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation)
+        got = depthwise_taps(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, unrolled)
     assert got.shape == want.shape and got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_taps_in_bfloat16_accumulate_in_float32_and_keep_the_dtype():
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_taps_keep_a_channels_last_input_s_layout(unrolled):
+    """A channels-last input (Inductor's layout in the regions) gives a channels-last output, as the convolution
+    does: otherwise Inductor stores the sum in PyTorch's layout and converts it back for the next convolution."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    x = torch.randn(2, 8, 6, 5).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = conv(x)
+        got = depthwise_taps(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, unrolled)
+        plain = depthwise_taps(x.contiguous(), conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation,
+                               unrolled)
+    assert got.is_contiguous(memory_format=torch.channels_last) and plain.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_taps_in_bfloat16_accumulate_in_float32_and_keep_the_dtype(unrolled):
     """In bfloat16 the taps are summed in float32 and rounded once: as close to the float32 convolution as one
     rounding of the output, closer than a sum rounded at every tap."""
     torch.manual_seed(0)
@@ -36,7 +54,7 @@ def test_taps_in_bfloat16_accumulate_in_float32_and_keep_the_dtype():
     half = conv.to(torch.bfloat16)
     with torch.no_grad():
         exact = torch.nn.functional.conv2d(x.float(), half.weight.float(), half.bias.float(), 1, 3, 1, 16)
-        got = depthwise_taps(x, half.weight, half.bias, (1, 1), (3, 3), (1, 1))
+        got = depthwise_taps(x, half.weight, half.bias, (1, 1), (3, 3), (1, 1), unrolled)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=0, atol=1e-6)
 

@@ -80,6 +80,24 @@ def test_fused_regions_equal_the_model_under_every_schedule(block):
         torch.testing.assert_close(ParallelExecutor(backend, schedule).run()[0], expected, rtol=1e-4, atol=1e-5)
 
 
+
+def test_workers_start_once_the_compiles_here_turn_slow(monkeypatch):
+    """Workers start when the last structures compiled here were slow on average, not only when the first were:
+    a network whose first structures compile quickly and whose later ones do not still gets its workers, and
+    too few left are not worth their start."""
+    from opbench.runtime import fused
+
+    monkeypatch.setattr(fused, "PROBES", 2)
+    monkeypatch.setattr(fused, "COLD_S", 0.5)
+    monkeypatch.setattr(fused, "WORKERS_FROM", 6)
+    assert not fused._workers_due([], 30) and not fused._workers_due([2.0], 30)  # fewer than PROBES so far
+    assert not fused._workers_due([0.1, 0.2], 30)  # quick: Inductor's caches warm
+    assert fused._workers_due([0.9, 0.8], 30)
+    assert fused._workers_due([0.1, 0.1, 0.1, 0.2, 1.5], 30)  # quick at first, then slow
+    assert not fused._workers_due([0.1, 0.1, 0.8, 0.1], 30)  # the last two: 0.45 s each on average
+    assert fused._workers_due([0.9, 0.8], 4) and not fused._workers_due([0.9, 0.8], 3)  # too few left
+
+
 def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
     from opbench.runtime.backend import KernelBackend
 

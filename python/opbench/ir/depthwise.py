@@ -7,7 +7,15 @@ Algorithm (:func:`unfold_depthwise`, a pass over a ``torch.fx`` graph):
 2. Replace the call by :func:`depthwise_taps` on the same input, weight and bias: the input padded with zeros
    (each channel repeated ``m`` times where ``m > 1``), then for each of the ``kh * kw`` taps of the kernel the
    strided window of the input the tap reads, times the tap's weight per channel, summed in float32 and rounded
-   once to the input's dtype (as cuDNN accumulates), plus the bias.
+   once to the input's dtype (as cuDNN accumulates), plus the bias. The products are added one after another
+   (``unrolled``, the default): Inductor compiles them into one kernel that loads each tap's window in turn.
+   ``unrolled=False`` writes the sum as one reduction over the taps of an unfolded view of the padded input
+   (``Tensor.unfold``) instead, which Inductor compiles faster (a loop over the taps, not a load of its own for
+   each) into a kernel that runs slower: on an H200 at batch 1 in float32, a 7x7 one with its batch norm and
+   activation compiled in 1.1 s against 8.3 s, and the kernels of the 55 depthwise convolutions of nasnet and
+   mobilenet_v3_large took 424 against 247 us (PyTorch's convolution: 359 us; ``scripts/exp_depthwise_forms.py``).
+   Inductor's reduction kernel reads a block of outputs times a block of taps with the taps the fast dimension,
+   whose loads (a channel apart) do not coalesce.
 
 Why: in Inductor's channels-last layout PyTorch sends every depthwise convolution to cuDNN, which runs it with a
 generic engine and makes its plan anew in every process (seconds for a network of dozens of them: the first run of
@@ -31,7 +39,7 @@ DEPTHWISE = ("aten", "taps")
 
 
 def depthwise_taps(x: Any, weight: Any, bias: Any | None, stride: tuple[int, int], padding: tuple[int, int],
-                   dilation: tuple[int, int]) -> Any:
+                   dilation: tuple[int, int], unrolled: bool = True) -> Any:
     """``conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])`` as a sum over the kernel's taps,
     accumulated in float32 and returned in ``x``'s dtype (see the module docstring).
 
@@ -45,23 +53,35 @@ def depthwise_taps(x: Any, weight: Any, bias: Any | None, stride: tuple[int, int
         ``(C * m,)`` or None.
     stride, padding, dilation:
         Per spatial dimension, as ``Conv2d`` has them.
+    unrolled:
+        Sum the taps as one shifted product after another (the default), or as one reduction over an unfolded
+        view of the input (the same values within float32's rounding; see the module docstring).
     """
     import torch
 
     channels, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     padded = torch.nn.functional.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     if channels != x.shape[1]:  # m filters per channel: each channel read by its m outputs
         padded = padded.repeat_interleave(channels // x.shape[1], dim=1)
-    taps = weight.float().reshape(channels, kh * kw)
-    acc = None
-    for i in range(kh):
-        for j in range(kw):
-            window = padded[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
-            term = window.float() * taps[:, i * kw + j].reshape(1, channels, 1, 1)
-            acc = term if acc is None else acc + term
+    if unrolled:
+        ho = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        taps = weight.float().reshape(channels, kh * kw)
+        acc = None
+        for i in range(kh):
+            for j in range(kw):
+                window = padded[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+                                j * dw: j * dw + sw * (wo - 1) + 1: sw]
+                term = window.float() * taps[:, i * kw + j].reshape(1, channels, 1, 1)
+                acc = term if acc is None else acc + term
+    else:  # (N, C, ho, wo, kh, kw): the window each output reads, its taps the last two dimensions
+        windows = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
+        if dh > 1 or dw > 1:
+            windows = windows[..., ::dh, ::dw]
+        acc = (windows.float() * weight.float().reshape(1, channels, 1, 1, kh, kw)).sum((-2, -1))
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            acc = acc.contiguous(memory_format=torch.channels_last)  # as the input (Inductor's regions: NHWC)
     if bias is not None:
         acc = acc + bias.float().reshape(1, channels, 1, 1)
     return acc.to(x.dtype)
@@ -78,9 +98,9 @@ def _depthwise(node: Any, modules: dict[str, Any]) -> Any | None:
     return conv
 
 
-def unfold_depthwise(gm: Any) -> int:
+def unfold_depthwise(gm: Any, unrolled: bool = True) -> int:
     """Replace, in the ``torch.fx.GraphModule`` ``gm`` (in place), each call of a depthwise ``Conv2d`` by
-    :func:`depthwise_taps` (see the module docstring); how many.
+    :func:`depthwise_taps` (see the module docstring; ``unrolled`` as it takes it); how many.
 
     The convolutions' weights and biases become parameters of ``gm`` of their own (the same tensors); their
     modules are dropped from ``gm`` and left as they are wherever else they are held."""
@@ -99,7 +119,7 @@ def unfold_depthwise(gm: Any) -> int:
         with gm.graph.inserting_before(node):
             weight, bias = (gm.graph.get_attr(n) if n is not None else None for n in names)
             taps = gm.graph.call_function(depthwise_taps, (node.args[0], weight, bias, tuple(conv.stride),
-                                                           tuple(conv.padding), tuple(conv.dilation)))
+                                                           tuple(conv.padding), tuple(conv.dilation), unrolled))
         node.replace_all_uses_with(taps)
         gm.graph.erase_node(node)
         unfolded += 1

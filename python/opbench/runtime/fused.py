@@ -49,9 +49,9 @@ REGION_FORMAT = 1
 #: for them (it compiles from the first while they compile from the last), so a few are enough: resnet-50's 13
 #: structures, compiled here alone, took 1.43x a cold torch.compile (16.3 vs 11.4 s, H200 host)
 WORKERS_FROM = 6
-#: structures compiled here first, and the seconds each must take on average (Inductor's caches cold) for workers
-#: to start; warm, a structure compiles here in 0.1-0.3 s, cold 0.6-1.5 s; workers took 16 s for googlenet's 42
-#: (H100 host)
+#: structures compiled here first, one at a time, until the last ``PROBES`` of them took over ``COLD_S`` seconds
+#: each on average (Inductor's caches cold for them; :func:`_workers_due`), when workers start for the rest; warm, a
+#: structure compiles here in 0.1-0.3 s, cold 0.6-1.5 s; workers took 16 s for googlenet's 42 (H100 host)
 PROBES, COLD_S = 2, 0.5
 #: the artifact key of an index entry that says its region computes nothing (:func:`_no_operators`): a later
 #: build runs such a region as it is, without tracing it to ATen to find that out again
@@ -211,6 +211,18 @@ def _no_operators(graph: Any) -> bool:
 def _has_constants(graph: Any) -> bool:
     """Whether an ATen graph reads tensors of its own (baked into its compiled code, which is then not stored)."""
     return any(n.op == "get_attr" for n in graph.graph.nodes)
+
+
+def _workers_due(seconds: Sequence[float], left: int) -> bool:
+    """Whether worker processes should compile the ``left`` structures not built yet, after this process compiled
+    structures that took ``seconds`` each: the last :data:`PROBES` took over :data:`COLD_S` on average, and enough
+    are left to be worth the workers' start (``WORKERS_FROM - PROBES``).
+
+    A network whose first structures are quick (their code in Inductor's caches, or small) but whose later ones
+    are not (nasnet with its depthwise convolutions unfolded: 36 structures compiled here alone in 39 s) still
+    gets its workers, once the compiles turn slow."""
+    recent = seconds[-PROBES:]
+    return len(recent) == PROBES and sum(recent) / PROBES > COLD_S and left >= WORKERS_FROM - PROBES
 
 
 def check_layout(layout: str) -> str:
@@ -384,8 +396,8 @@ class RegionCompiler:
     by ``torch._inductor.standalone_compile`` (no Dynamo: nothing to trace again or guard). The artifact is
     stored under ``folder`` by :func:`_region_key`, so that a later build of a region of the same structure,
     in this process or another, loads it instead of compiling. With ``jobs`` > 1, when many structures are not
-    stored yet (:data:`WORKERS_FROM`) and the first ones (:data:`PROBES`) were slow here (Inductor's caches
-    cold), that many worker processes compile them from the last while this process compiles from the first
+    stored yet (:data:`WORKERS_FROM`) and those compiled here turn slow (:func:`_workers_due`: Inductor's caches
+    cold), that many worker processes compile the rest from the last while this process compiles from the first
     (:meth:`_start_workers`; each compile is mostly single-threaded Python).
     A region that cannot be traced or compiled this way goes to ``torch.compile(fullgraph=True)``, and one
     Inductor cannot compile at all runs its ATen operators. With ``combo``, every region is compiled with Inductor's
@@ -646,15 +658,20 @@ class RegionCompiler:
         todo = {t.key: (t.graph, t.values) for t in traced.values()
                 if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
         if self.jobs > 1 and len(todo) >= WORKERS_FROM and not self._workers:
-            # a few here first: with Inductor's caches warm a structure compiles here in a fraction of a second,
-            # less than a worker takes to start; cold it takes seconds, and workers compile the rest
-            clock, probes = time.perf_counter(), list(todo)[:PROBES]
-            for key in probes:
+            # here first, one at a time: with Inductor's caches warm a structure compiles here in a fraction of a
+            # second, less than a worker takes to start; once they take seconds, workers compile the rest
+            seconds: list[float] = []
+            for key in list(todo):
+                if _workers_due(seconds, len(todo)):
+                    self._start_workers(todo)
+                    break
+                if len(todo) < WORKERS_FROM - PROBES:  # too few left for workers: built in their regions' turn
+                    break
+                clock = time.perf_counter()
                 graph, values = todo.pop(key)
                 with contextlib.suppress(Exception):  # compiled again (and refused) where the region is built
                     self._probed[key] = self._artifact(graph, values, key)[1]
-            if (time.perf_counter() - clock) / len(probes) > COLD_S and len(todo) >= WORKERS_FROM - PROBES:
-                self._start_workers(todo)
+                seconds.append(time.perf_counter() - clock)
         try:
             return {name: self._one(name, region, inputs, outputs, traced[name])
                     for name, region, inputs, outputs in regions}
@@ -944,8 +961,9 @@ class FusedBackend(TorchBackend):
         (``scripts/exp_layout.py``, ``scripts/bench_fused.py --depthwise taps``): randwire's kept schedule ran
         0.201 ms instead of 0.244 (batch 1, float32) and nasnet's greedy schedule 0.657 instead of 0.768 ms
         (batch 8, bfloat16), mobilenet_v3_large within 1 %, shufflenet_v2_x1_0's schedules 4 % slower; a later build
-        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer (nasnet 44 s
-        against a cold ``torch.compile``'s 29 s). A saved schedule's ``meta["depthwise"]``.
+        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer: nasnet's
+        27 s against a cold ``torch.compile``'s 38 s with the compile shared by workers, mobilenet_v3_large's single
+        region 27 against 15 s. A saved schedule's ``meta["depthwise"]``.
 
     Attributes
     ----------
