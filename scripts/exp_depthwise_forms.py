@@ -17,9 +17,9 @@ channel; ``x`` channels-last, as Inductor's layout has it) once in each form (:d
 Each form's compile is timed (the first call, from empty Inductor and Triton caches in a folder of this run's own),
 then one call of each is captured in a CUDA Graph and the forms are replayed in alternating rounds (CUDA events,
 medians). Each output is compared with PyTorch's eager convolution in float64. The generated code of each form's
-first shape is kept (``OUT/code/<form>.py``). Writes ``OUT/exp_depthwise_forms.json``: per shape and form the
-compile seconds, the microseconds of a replay and the error, and per form the sums weighted by how often each shape
-occurs in the models.
+first shape is kept (``OUT/code/<form>.py``). Writes ``OUT/exp_depthwise_forms.json`` (after each shape's compiles,
+then whole): per shape and form the compile seconds, the microseconds of a replay and the error, and per form the
+sums weighted by how often each shape occurs in the models.
 
     PYTHONPATH=python python3 scripts/exp_depthwise_forms.py --out out --models nasnet,mobilenet_v3_large
 """
@@ -107,7 +107,9 @@ def _function(form: str, shape: dict[str, Any], dtype: Any, device: str) -> tupl
     return fn, x, ref
 
 
-def measure(shapes: list[dict[str, Any]], forms: list[str], args: Any, out: Path) -> dict[str, Any]:
+def measure(shapes: list[dict[str, Any]], forms: list[str], args: Any, out: Path, save: Any) -> dict[str, Any]:
+    """Compile every form of every shape, then time them all in alternating rounds; ``save(results)`` after each
+    shape's compiles (a run stopped part-way keeps them)."""
     import torch
 
     from opbench.profile.timer import cuda_event_samples
@@ -146,6 +148,7 @@ def measure(shapes: list[dict[str, Any]], forms: list[str], args: Any, out: Path
                                     "err": float(f"{err:.3g}")}
         print(f"shape {i + 1}/{len(shapes)} {shape['input']} k{shape['kernel']} s{shape['stride']}: " + ", ".join(
             f"{f} {v['compile_s']:.1f} s" for f, v in shape["forms"].items()), flush=True)
+        save({"shapes": shapes[:i + 1]})
     samples: dict[tuple[int, str], list[float]] = {key: [] for key in replays}
     for _ in range(args.rounds):
         for key, (graph, *_) in replays.items():
@@ -183,8 +186,13 @@ def main() -> int:
     if args.max_shapes:
         shapes = shapes[:args.max_shapes]
     doc = experiment_doc("exp_depthwise_forms.py", args.device) | {"batch": args.batch, "dtype": args.dtype}
-    doc["results"] = measure(shapes, forms, args, out)
-    (out / "exp_depthwise_forms.json").write_text(json.dumps(doc, indent=1) + "\n")
+    path = out / "exp_depthwise_forms.json"
+
+    def save(results: dict[str, Any]) -> None:
+        path.write_text(json.dumps(doc | {"results": results}, indent=1) + "\n")
+
+    doc["results"] = measure(shapes, forms, args, out, save)
+    save(doc["results"])
     for form, total in doc["results"]["totals_by_occurrence"].items():
         print(f"{form}: compile {total['compile_s']} s, {total['us']} us per network, max err {total['max_err']}")
     return 0
