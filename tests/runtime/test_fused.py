@@ -240,6 +240,31 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
+
+def test_a_structure_a_probe_could_not_compile_is_not_compiled_again(tmp_path, monkeypatch):
+    """The structures compiled here before the workers are decided on: one Inductor refuses is tried once, and
+    each of its regions then goes on without its compiled code (here: runs as it is)."""
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
+    tried: list[int] = []
+
+    def refuse(graph, *args, **kwargs):
+        tried.append(id(graph))
+        raise RuntimeError("Inductor refuses")
+
+    monkeypatch.setattr(fused, "WORKERS_FROM", 1)
+    monkeypatch.setattr(fused, "COLD_S", 1e3)  # quick: every structure probed here, no workers
+    monkeypatch.setattr(fused, "_standalone_compile", refuse)
+    monkeypatch.setattr(fused, "compile_region", lambda region, inputs, name, layout: (region, "refused"))
+    backend = FusedBackend(model, [x], store=tmp_path, jobs=2)
+    assert tried and len(tried) == len(set(tried))  # each structure tried once
+    assert backend.built == {"aten": len(backend.regions)}
+    with torch.no_grad():
+        torch.testing.assert_close(_greedy(backend)[0], model(x), rtol=1e-4, atol=1e-5)
+
 def test_a_build_that_loads_stored_regions_says_once_when_torch_has_no_bytecode(block, tmp_path, monkeypatch, caplog):
     import importlib.util
     import logging

@@ -432,6 +432,7 @@ class RegionCompiler:
         self._workers_since = 0.0
         self._feed: Any = None  # the thread that hands the workers their shares
         self._probed: dict[str, str] = {}
+        self._refused: dict[str, Exception] = {}  # structure -> why a probe's compile of it failed
         self._checked: set[tuple[str, str | None]] = set()
         # quick key -> (artifact key, output spec) of its index entry, None without one: read once per build
         self._entries: dict[str, tuple[str, Any] | None] = {}
@@ -460,6 +461,8 @@ class RegionCompiler:
         :attr:`counts`, counted by the caller once the region is built): shared, loaded or compiled."""
         import torch
 
+        if key in self._refused:  # a probe could not compile it: its regions go on without a second try
+            raise self._refused[key]
         if key in self._built:  # a probe's (compiled before its region's turn) or one of this build
             nothing = graph is not None and _no_operators(graph)
             return self._built[key], "no_operators" if nothing else self._probed.pop(key, "shared")
@@ -669,8 +672,10 @@ class RegionCompiler:
                     break
                 clock = time.perf_counter()
                 graph, values = todo.pop(key)
-                with contextlib.suppress(Exception):  # compiled again (and refused) where the region is built
+                try:
                     self._probed[key] = self._artifact(graph, values, key)[1]
+                except Exception as err:  # raised again, not compiled again, where the region is built
+                    self._refused[key] = err
                 seconds.append(time.perf_counter() - clock)
         try:
             return {name: self._one(name, region, inputs, outputs, traced[name])
