@@ -80,7 +80,6 @@ def test_fused_regions_equal_the_model_under_every_schedule(block):
         torch.testing.assert_close(ParallelExecutor(backend, schedule).run()[0], expected, rtol=1e-4, atol=1e-5)
 
 
-
 def test_workers_start_once_the_compiles_here_turn_slow(monkeypatch):
     """Workers start when the last structures compiled here were slow on average, not only when the first were:
     a network whose first structures compile quickly and whose later ones do not still gets its workers, and
@@ -240,7 +239,6 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
 
 
-
 def test_a_structure_a_probe_could_not_compile_is_not_compiled_again(tmp_path, monkeypatch):
     """The structures compiled here before the workers are decided on: one Inductor refuses is tried once, and
     each of its regions then goes on without its compiled code (here: runs as it is)."""
@@ -264,6 +262,7 @@ def test_a_structure_a_probe_could_not_compile_is_not_compiled_again(tmp_path, m
     assert backend.built == {"aten": len(backend.regions)}
     with torch.no_grad():
         torch.testing.assert_close(_greedy(backend)[0], model(x), rtol=1e-4, atol=1e-5)
+
 
 def test_a_build_that_loads_stored_regions_says_once_when_torch_has_no_bytecode(block, tmp_path, monkeypatch, caplog):
     import importlib.util

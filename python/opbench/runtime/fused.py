@@ -668,8 +668,6 @@ class RegionCompiler:
                 if _workers_due(seconds, len(todo)):
                     self._start_workers(todo)
                     break
-                if len(todo) < WORKERS_FROM - PROBES:  # too few left for workers: built in their regions' turn
-                    break
                 clock = time.perf_counter()
                 graph, values = todo.pop(key)
                 try:
