@@ -69,6 +69,7 @@ DTYPE = "float32"  # --dtype
 COLD_CACHES = False  # --cold-caches
 LAYOUT = "inductor"  # --layout
 DEPTHWISE = "aten"  # --depthwise
+PIECE_OPS: int | None = None  # --piece-ops
 #: the row of --channels-last-compile
 CHANNELS_LAST_ROW = "torch.compile, channels-last weights"
 
@@ -102,7 +103,7 @@ def prebuild(name: str, batch: int) -> dict:
     res = {"torch_compile_cold_s": time.perf_counter() - t}
     t = time.perf_counter()
     # as the capturer compiles: combo code for long regions too
-    fused = FusedBackend(model, inputs, combo=True, layout=LAYOUT, depthwise=DEPTHWISE)
+    fused = FusedBackend(model, inputs, combo=True, layout=LAYOUT, depthwise=DEPTHWISE, piece_ops=PIECE_OPS)
     res.update(fused_cold_s=time.perf_counter() - t, regions_compile_cold_s=fused.compile_s,
                regions=len(fused.regions), region_fallbacks=len(fused.fallbacks), regions_built=fused.built,
                regions_seconds=fused.compile_seconds)
@@ -110,10 +111,11 @@ def prebuild(name: str, batch: int) -> dict:
 
 
 def stem(name: str, batch: int, dtype: str) -> str:
-    """How the files and folders of one (model, batch, dtype) are named, with ``--layout`` and ``--depthwise`` where
-    they are not the default (so that runs of both in one ``--out`` keep apart, their cold builds too)."""
+    """How the files and folders of one (model, batch, dtype) are named, with ``--layout``, ``--depthwise`` and
+    ``--piece-ops`` where they are not the default (so that runs of both in one ``--out`` keep apart, their cold
+    builds too)."""
     return f"{name}_{batch}_{dtype}" + (f"_{LAYOUT}" if LAYOUT != "inductor" else "") \
-        + (f"_{DEPTHWISE}" if DEPTHWISE != "aten" else "")
+        + (f"_{DEPTHWISE}" if DEPTHWISE != "aten" else "") + (f"_pieces{PIECE_OPS}" if PIECE_OPS is not None else "")
 
 
 def caches_folder(out: Path, item: tuple[str, int, str]) -> Path:
@@ -149,6 +151,7 @@ def prebuild_all(items: list[tuple[str, int, str]], out: Path, jobs: int, deadli
             n, b, d = todo.pop(0)
             cmd = [sys.executable, __file__, "--out", str(out), "--prebuild", f"{n}:{b}", "--dtypes", d, "--layout",
                    LAYOUT, "--depthwise", DEPTHWISE]
+            cmd += ["--piece-ops", str(PIECE_OPS)] if PIECE_OPS is not None else []
             store = folder / f"cache_{stem(n, b, d)}"  # an empty store of compiled regions: a cold build
             shutil.rmtree(store, ignore_errors=True)
             if COLD_CACHES:  # empty Inductor and Triton caches too
@@ -184,7 +187,7 @@ def rebuild(name: str, batch: int, args) -> dict:
     if profile is not None:
         profile.enable()
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
-                     mode=args.mode, layout=args.layout, depthwise=args.depthwise)
+                     mode=args.mode, layout=args.layout, depthwise=args.depthwise, piece_ops=args.piece_ops)
     if profile is not None:
         profile.disable()
     res = {"build_s": time.perf_counter() - t, "phases": fused.phases,
@@ -217,6 +220,7 @@ def passed_on(args) -> list[str]:
     for and how the rebuild runs."""
     return (["--repeat", str(args.repeat), "--number", str(args.number), "--mode", args.mode, "--layout", args.layout,
              "--depthwise", args.depthwise]
+            + (["--piece-ops", str(args.piece_ops)] if args.piece_ops is not None else [])
             + (["--profile-rebuild"] if args.profile_rebuild else [])
             + (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
             + (["--channels-last-compile"] if args.channels_last_compile else [])
@@ -274,7 +278,8 @@ def bench(name: str, batch: int, args) -> dict:
     torch.backends.cudnn.benchmark = args.cudnn_benchmark  # for every candidate alike
     torch.manual_seed(0)
     model, inputs = load(name, batch)
-    res: dict = {"model": name, "batch": batch, "dtype": DTYPE, "layout": args.layout, "depthwise": args.depthwise}
+    res: dict = {"model": name, "batch": batch, "dtype": DTYPE, "layout": args.layout, "depthwise": args.depthwise,
+                 "piece_ops": args.piece_ops}
     with torch.no_grad():
         ref = model(*inputs)
     own = CapturedModel(model, inputs)
@@ -288,7 +293,7 @@ def bench(name: str, batch: int, args) -> dict:
     os.environ["OPBENCH_CACHE"] = str(cache)
     t = time.perf_counter()
     fused = capturer(inputs, model, kernels="fused", repeat=args.repeat, number=args.number, cache=True,
-                     mode=args.mode, layout=args.layout, depthwise=args.depthwise)
+                     mode=args.mode, layout=args.layout, depthwise=args.depthwise, piece_ops=args.piece_ops)
     res["fused_build_s"] = time.perf_counter() - t
     res["fused_phases"] = fused.phases
     res["fused_table"] = fused.table
@@ -514,7 +519,8 @@ def measure_one(name: str, batch: int, args) -> None:
         doc.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
                    settings={"repeat": args.repeat, "number": args.number, "rounds": args.rounds,
                              "cudnn_benchmark": args.cudnn_benchmark, "mode": args.mode,
-                             "cold_caches": args.cold_caches, "layout": args.layout, "depthwise": args.depthwise})
+                             "cold_caches": args.cold_caches, "layout": args.layout, "depthwise": args.depthwise,
+                             "piece_ops": args.piece_ops})
         doc["results"] = [r for r in doc["results"] if key(r) != key(res)] + [res]
         with written_whole(path) as part:  # a reader never sees half a file
             part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -567,6 +573,10 @@ def main() -> int:
     parser.add_argument("--depthwise", default="aten", choices=("aten", "taps"),
                         help="how the fused capturer's regions run depthwise convolutions (capturer(depthwise=...)): "
                              "aten (PyTorch's convolution, the default) or taps (unfolded into the regions' kernels)")
+    parser.add_argument("--piece-ops", type=int, default=None, metavar="N",
+                        help="the most a fused region of a new cut weighs before it is cut into pieces that worker "
+                             "processes compile at once (capturer(piece_ops=...); 0: no limit; default: the "
+                             "capturer's, a limit only with --depthwise taps)")
     parser.add_argument("--channels-last-compile", action="store_true",
                         help=f"also time '{CHANNELS_LAST_ROW}': torch.compile of the model with its 4-D weights "
                              "stored channels-last (as the fused regions take them), the input as given")
@@ -603,7 +613,7 @@ def main() -> int:
     from opbench.errors import OpBenchError
     from opbench.models import check_dtype
 
-    global DTYPE, COLD_CACHES, LAYOUT, DEPTHWISE
+    global DTYPE, COLD_CACHES, LAYOUT, DEPTHWISE, PIECE_OPS
     try:
         dtypes = [check_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
         items = []
@@ -615,6 +625,9 @@ def main() -> int:
         parser.error(f"{err} (--models takes model:batch,..., --dtypes float32, float16 or bfloat16, "
                      "--gpus GPU indices such as 0,1)")
     DTYPE, COLD_CACHES, LAYOUT, DEPTHWISE = dtypes[0], args.cold_caches, args.layout, args.depthwise
+    if args.piece_ops is not None and args.piece_ops < 0:
+        parser.error(f"--piece-ops {args.piece_ops}: a whole number from 0 (0: no limit)")
+    PIECE_OPS = args.piece_ops
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.prebuild or args.rebuild or args.one:

@@ -39,7 +39,7 @@ from .pipeline.spec import overridden
 from .profile.schedule import Timer
 from .runtime.backend import KernelBackend
 from .runtime.executor import ParallelExecutor
-from .runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT, check_layout
+from .runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT, check_layout, check_piece_ops
 from .runtime.graphs import (
     COMBO_ROW,
     COMPILE_ROW,
@@ -133,6 +133,7 @@ class CaptureOptions:
     cut: str = "auto"
     layout: str = DEFAULT_LAYOUT
     depthwise: str = DEFAULT_DEPTHWISE
+    piece_ops: int | None = None
     sm_partition: str = "off"
     dtype: str | None = None
     trace: str | Path | None = None
@@ -149,6 +150,9 @@ class CaptureOptions:
         if check_depthwise(self.depthwise) != DEFAULT_DEPTHWISE and self.kernels != "fused":
             raise OpBenchError(f"depthwise={self.depthwise!r} unfolds the depthwise convolutions of fused regions "
                                f"(accepted with kernels='fused'; kernels={self.kernels!r} takes depthwise='aten')")
+        if check_piece_ops(self.piece_ops) is not None and self.kernels != "fused":
+            raise OpBenchError(f"piece_ops={self.piece_ops!r} limits the regions of fused kernels (accepted with "
+                               f"kernels='fused'; kernels={self.kernels!r} takes piece_ops=None)")
 
 
 def _check_order(inputs: Any, model: Any, caller: str) -> list[Any]:
@@ -185,7 +189,7 @@ def _backend(model: Any, inputs: Sequence[Any], o: CaptureOptions, saved: Schedu
     saved_fields = saved_cut(saved.meta) if saved is not None and o.kernels == "fused" else {}
     return torch_backend(model, inputs, merge=merge_mode(o.merge), repeat=o.repeat, number=o.number,
                          kernels=o.kernels, cut=o.cut, combo=combo_in_regions(o.compiled, o.kernels),
-                         **({"layout": o.layout, "depthwise": o.depthwise} | saved_fields))
+                         **({"layout": o.layout, "depthwise": o.depthwise, "piece_ops": o.piece_ops} | saved_fields))
 
 
 def _select(model: Any, inputs: list[Any], o: CaptureOptions) -> _Selected:
@@ -251,7 +255,8 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
                                        "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
                                        "compiled": o.compiled}
                        | ({"layout": o.layout} if o.layout != DEFAULT_LAYOUT else {})
-                       | ({"depthwise": o.depthwise} if o.depthwise != DEFAULT_DEPTHWISE else {}))
+                       | ({"depthwise": o.depthwise} if o.depthwise != DEFAULT_DEPTHWISE else {})
+                       | ({"piece_ops": o.piece_ops} if o.piece_ops is not None else {}))
 
 
 def _rebuild(model: Any, inputs: list[Any], o: CaptureOptions) -> Any | None:
@@ -465,7 +470,9 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     :data:`opbench.runtime.fused.LAYOUTS`: ``"pytorch"`` keeps the model's own, so that a later build of a model
     with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed;
     ``depthwise="taps"``: depthwise convolutions unfolded into sums of shifted products that Inductor compiles into
-    the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels).
+    the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels; ``piece_ops``: the
+    most a fused region of a new cut weighs before it is cut into consecutive pieces that worker processes compile at
+    once, :class:`~opbench.runtime.fused.FusedBackend`'s; by default a limit only with ``depthwise="taps"``).
     The result is a
     :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
     fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opbench import OpBenchError
-from opbench.ir.regions import cut_regions
+from opbench.ir.regions import cut_regions, split_heavy
 
 
 def _inception(branches=4, length=2):
@@ -65,3 +65,43 @@ def test_regions_are_in_topological_order_and_cover_every_operator():
     assert sorted(op for r in regions for op in r) == list(range(len(preds)))
     where = {op: i for i, r in enumerate(regions) for op in r}
     assert all(where[p] <= where[op] for op, ps in enumerate(preds) for p in ps)
+
+
+def _blocks(count: int = 4):
+    """``count`` inverted-residual-like blocks in a chain: conv (a piece may start) -> act -> taps -> conv -> add
+    (reads the block's input); (preds, starts)."""
+    preds: list[list[int]] = [[]]  # 0: the stem
+    starts = [False]
+    block_in = 0
+    for _ in range(count):
+        first = len(preds)
+        preds += [[block_in], [first], [first + 1], [first + 2], [block_in, first + 3]]
+        starts += [True, False, False, True, False]
+        block_in = first + 4
+    return preds, starts
+
+
+def test_a_heavy_region_is_cut_into_pieces_where_one_tensor_crosses_into_a_convolution():
+    preds, starts = _blocks()
+    (region,) = cut_regions(preds, "branches")
+    weights = [1] * len(preds)
+    weights[3::5] = [9] * 4  # each block's unfolded 3x3 depthwise convolution weighs its nine taps
+    assert split_heavy([region], preds, weights, starts, 0) == [region]  # no limit
+    assert split_heavy([region], preds, weights, starts, sum(weights)) == [region]  # light enough
+    pieces = split_heavy([region], preds, weights, starts, 14)
+    assert [op for piece in pieces for op in piece] == region  # consecutive, every operator once
+    assert len(pieces) == 4  # 53 / 14: four pieces
+    for piece in pieces[1:]:
+        first = piece[0]
+        assert starts[first] and preds[first] == [first - 1]  # a block's first convolution: one tensor in
+    # the convolution inside a block reads one tensor too, but the block's input crosses beside it: no cut there
+    assert all(piece[0] % 5 == 1 for piece in pieces[1:])
+    # the pieces in order are a topological order of their graph (the region's edges go forward only)
+    where = {op: i for i, piece in enumerate(pieces) for op in piece}
+    assert all(where[p] <= where[op] for op, ps in enumerate(preds) for p in ps)
+
+
+def test_a_heavy_region_without_a_boundary_stays_whole():
+    preds, starts = _blocks(2)
+    (region,) = cut_regions(preds, "branches")
+    assert split_heavy([region], preds, [5] * len(preds), [False] * len(preds), 5) == [region]

@@ -95,6 +95,8 @@ def test_workers_start_once_the_compiles_here_turn_slow(monkeypatch):
     assert fused._workers_due([0.1, 0.1, 0.1, 0.2, 1.5], 30)  # quick at first, then slow
     assert not fused._workers_due([0.1, 0.1, 0.8, 0.1], 30)  # the last two: 0.45 s each on average
     assert fused._workers_due([0.9, 0.8], 4) and not fused._workers_due([0.9, 0.8], 3)  # too few left
+    # the pieces of a heavy region: no probes, workers at once where enough are left
+    assert fused._workers_due([], 6, probes=0) and not fused._workers_due([], 5, probes=0)
 
 
 def test_a_region_inductor_cannot_compile_runs_its_aten_operators(caplog):
@@ -978,3 +980,65 @@ def test_depthwise_taps_run_in_the_regions_and_a_later_build_finds_them_by_their
     assert fused.FusedBackend(model, [x], store=None).schedule_meta()["depthwise"] == "aten"  # the default
     with pytest.raises(OpBenchError, match="unknown depthwise convolution mode"):
         fused.FusedBackend(model, [x], store=None, depthwise="cudnn")
+
+
+class InvertedResiduals(torch.nn.Module):
+    """A stem and three inverted-residual blocks in a chain (expand, depthwise 3x3, project, the shortcut added):
+    one region of the branches cut; the last two blocks alike."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
+
+        def block(k: int) -> torch.nn.ModuleList:
+            return torch.nn.ModuleList([torch.nn.Conv2d(c, 2 * c, 1), torch.nn.Conv2d(2 * c, 2 * c, k, padding=k // 2,
+                                                                                      groups=2 * c),
+                                        torch.nn.Conv2d(2 * c, c, 1)])
+
+        self.blocks = torch.nn.ModuleList([block(5), block(3), block(3)])
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for expand, depthwise, project in self.blocks:
+            x = x + project(torch.relu(depthwise(torch.relu(expand(x)))))
+        return x
+
+
+def test_a_heavy_region_compiles_as_pieces_that_start_at_a_convolution_and_alike_pieces_compile_once(tmp_path,
+                                                                                                   monkeypatch):
+    """``piece_ops``: the chain's one region (weight 2 + 3 * 5 + 25 + 2 * 9 = 60 with its depthwise convolutions
+    unfolded; at most 16: four pieces) is cut into pieces at block boundaries, each piece after the first starting
+    at a convolution; the two alike blocks compile once; the outputs equal the model's. A bad limit is refused
+    before any work."""
+    from opbench.parallel import CaptureOptions
+    from opbench.pipeline.compile import BackendSpec
+    from opbench.pipeline.spec import SpecError
+    from opbench.runtime import fused
+
+    torch.manual_seed(0)
+    model = InvertedResiduals().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    probes = []
+    init = fused.RegionCompiler.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        probes.append(self.probes)
+
+    monkeypatch.setattr(fused.RegionCompiler, "__init__", recorded)
+    backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, depthwise="taps", piece_ops=16)
+    assert probes[0] == 0  # pieces compile for seconds each: workers (given jobs) would start without probes
+    assert backend.depthwise_unfolded == 3
+    assert [r[0] for r in backend.regions] == ["stem", "blocks_0_0", "blocks_1_0", "blocks_2_0"]
+    assert backend.built["shared"] == 1  # the last two blocks: one structure
+    assert not backend.fallbacks
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    for bad in (-1, 2.5, "8"):
+        with pytest.raises(OpBenchError, match="is a whole number from 0"):
+            fused.FusedBackend(None, [x], store=None, piece_ops=bad)
+        with pytest.raises(SpecError, match="accepted: a whole number from 0"):
+            BackendSpec(kind="fused", kernels="fused", piece_ops=bad).validate()
+    with pytest.raises(OpBenchError, match="piece_ops=8 limits the regions of fused kernels"):
+        CaptureOptions(piece_ops=8)  # with PyTorch's kernels

@@ -26,6 +26,13 @@ longest, less one launch gap per extra stream) becomes one region; the series co
 runs again.
 
 ``whole``: one region.
+
+After any cut, :func:`split_heavy` may cut a heavy region (by a weight per operator) into consecutive pieces, so
+that separate compiler processes compile them at once: each piece starts at an operator that reads its input from
+memory in any case (a convolution, a library call), and exactly one tensor passes from the operators before it to
+those from it on, so no fusion and no parallelism is lost. Splitting a region by its operators' topological order
+keeps the region graph acyclic: a path from a piece back to an earlier one would be a path out of the region and
+into it again, which no cut above makes.
 """
 
 from __future__ import annotations
@@ -172,6 +179,67 @@ def _merge_one_block(regions: _Regions, costs: Sequence[float], min_gain_s: floa
     return False
 
 
+def split_heavy(regions: Sequence[Sequence[int]], preds: Sequence[Sequence[int]], weights: Sequence[float],
+                starts: Sequence[bool], limit: float) -> list[list[int]]:
+    """``regions`` (as :func:`cut_regions` gives them), each one weighing over ``limit`` cut into consecutive pieces.
+
+    Parameters
+    ----------
+    regions:
+        Sorted operator lists in a topological order; each region convex (every cut of :data:`CUTS` is).
+    preds:
+        The DAG: operator ``i`` reads the outputs of ``preds[i]``.
+    weights:
+        Each operator's weight (what compiling it costs, in any unit).
+    starts:
+        Whether a piece may start at each operator (it reads its input from memory in any case).
+    limit:
+        The most a region may weigh before it is cut (``<= 0``: no region is cut).
+
+    Returns
+    -------
+    The regions, heavy ones replaced by their pieces (in order), as sorted operator lists in a topological order.
+    A region weighing ``W`` is cut into ``ceil(W / limit)`` pieces where it can be: at the allowed boundaries
+    (``starts``, exactly one tensor crossing) whose weight before them is nearest to equal shares; one without
+    such a boundary stays whole.
+    """
+    out: list[list[int]] = []
+    for region in regions:
+        total = sum(weights[op] for op in region)
+        if limit <= 0 or total <= limit:
+            out.append(list(region))
+            continue
+        position = {op: p for p, op in enumerate(region)}
+        last = {op: -1 for op in region}  # each operator's last reader in the region, by position
+        for p, op in enumerate(region):
+            for q in preds[op]:
+                if q in position:
+                    last[q] = p
+        after: list[float] = []  # the weight of region[:p + 1]
+        allowed: list[int] = []  # the boundaries p (a piece starting at region[p]) a piece may start at
+        live = 0  # the tensors of region[:p] that region[p:] reads
+        running = 0.0
+        for p, op in enumerate(region):
+            if p:
+                prev = region[p - 1]
+                live += last[prev] >= p  # the operator just passed, if read from here on
+                live -= sum(1 for q in set(preds[prev]) if q in position and last[q] == p - 1)  # read last just now
+                if starts[op] and live == 1:
+                    allowed.append(p)
+            running += weights[op]
+            after.append(running)
+        pieces = -(-total // limit)
+        cuts: list[int] = []
+        for j in range(1, int(pieces)):
+            if allowed:
+                best = min(allowed, key=lambda p: abs(after[p - 1] - j * total / pieces))
+                if best not in cuts and (not cuts or best > cuts[-1]):
+                    cuts.append(best)
+        for a, b in zip([0, *cuts], [*cuts, len(region)], strict=True):
+            out.append(list(region[a:b]))
+    return out
+
+
 def fx_operator_dag(graph: Any) -> tuple[list[Any], list[list[int]]]:
     """The operators of a ``torch.fx`` graph (call_function, call_method, call_module nodes, in graph
     order) and, for each, the operators whose outputs it reads."""
@@ -194,4 +262,4 @@ def region_of(ops: Sequence[Any], regions: Sequence[Sequence[int]]) -> Callable[
     return partition
 
 
-__all__ = ["CUTS", "cut_regions", "fx_operator_dag", "region_of"]
+__all__ = ["CUTS", "cut_regions", "fx_operator_dag", "region_of", "split_heavy"]

@@ -200,6 +200,10 @@ class BackendSpec(Spec):
         For fused kernels, how depthwise convolutions run (:data:`opbench.ir.depthwise.DEPTHWISE`:
         ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution, by default); a saved fused schedule's
         ``meta["depthwise"]``.
+    piece_ops:
+        For fused kernels, the most a region of a new cut weighs before it is cut into pieces that worker processes
+        compile at once (``FusedBackend(piece_ops=)``; ``None``: its default, a limit only with ``depthwise="taps"``;
+        0: no limit).
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -218,6 +222,7 @@ class BackendSpec(Spec):
     layout: str = DEFAULT_LAYOUT
     conv_relu: bool | None = None
     depthwise: str = DEFAULT_DEPTHWISE
+    piece_ops: int | None = None
     trace: str = TORCH_TRACE
     repeat: int = 10
     number: int = 20
@@ -239,6 +244,9 @@ class BackendSpec(Spec):
         if self.combo_regions is not None and not all(type(r) is int and r >= 0 for r in self.combo_regions):
             raise SpecError("combo_regions", f"combo_regions {list(self.combo_regions)!r}: region indices are whole "
                                              "numbers from 0 (a saved schedule's meta['combo'])")
+        if self.piece_ops is not None and (type(self.piece_ops) is not int or self.piece_ops < 0):
+            raise SpecError("piece_ops", f"piece_ops {self.piece_ops!r} (accepted: a whole number from 0, 0 for no "
+                                         "limit, or null for the default)")
         if not (self.conv_relu is None or isinstance(self.conv_relu, bool)):
             raise SpecError("conv_relu", f"conv_relu {self.conv_relu!r} (accepted: true, false, or null to decide)")
         check_positive(self, ("repeat", "number"))
@@ -277,7 +285,8 @@ def torch_backend(model: Any, inputs: Sequence[Any], spec: BackendSpec | None = 
         fused = KernelBackend.create("fused", model, inputs, cut="branches" if o.cut == "auto" else o.cut,
                                      regions=regions, trace=trace, costs=costs, merge=merge or False,
                                      combo=list(o.combo_regions) if o.combo_regions is not None else o.combo,
-                                     layout=o.layout, conv_relu=o.conv_relu, depthwise=o.depthwise)
+                                     layout=o.layout, conv_relu=o.conv_relu, depthwise=o.depthwise,
+                                     piece_ops=o.piece_ops)
         choose_combo(fused, repeat, number)
         return fused
     backend = TorchBackend(model, inputs, trace=trace, merge=mode == "all")

@@ -33,8 +33,8 @@ from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
-from ..ir.depthwise import DEPTHWISE, check_depthwise, unfold_depthwise
-from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of
+from ..ir.depthwise import DEPTHWISE, check_depthwise, depthwise_taps, unfold_depthwise
+from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of, split_heavy
 from ..ir.torch_graph import fx_module, merge_into_graph
 from ..utils import written_whole
 from .backend import TorchBackend
@@ -77,6 +77,14 @@ LAYOUTS = ("inductor", "pytorch")
 DEFAULT_LAYOUT = LAYOUTS[0]
 #: how regions run depthwise convolutions unless asked otherwise (and in a schedule saved before the choice)
 DEFAULT_DEPTHWISE = DEPTHWISE[0]
+#: the most a region of a new cut weighs (:func:`_compile_weights`: one per operator, a depthwise convolution
+#: unfolded one per tap) when its depthwise convolutions are unfolded (``FusedBackend(depthwise="taps")``): a heavier
+#: one is cut into consecutive pieces (:func:`opbench.ir.regions.split_heavy`) that worker processes compile at
+#: once. Inductor's compile time grows with the loads of a kernel, and a network without branches is one region of
+#: the branches cut, which one process compiled alone: mobilenet_v3_large's 187 operators with 15 unfolded depthwise
+#: convolutions (weight 403) took 25.8 s whole and 18.8 s as the eight pieces of this limit, workers compiling four
+#: (empty Inductor caches, H200, 16 cores; ``scripts/bench_fused.py --piece-ops``); its schedule ran as fast
+PIECE_OPS = 56
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
@@ -213,16 +221,51 @@ def _has_constants(graph: Any) -> bool:
     return any(n.op == "get_attr" for n in graph.graph.nodes)
 
 
-def _workers_due(seconds: Sequence[float], left: int) -> bool:
+def _workers_due(seconds: Sequence[float], left: int, probes: int = PROBES) -> bool:
     """Whether worker processes should compile the ``left`` structures not built yet, after this process compiled
-    structures that took ``seconds`` each: the last :data:`PROBES` took over :data:`COLD_S` on average, and enough
-    are left to be worth the workers' start (``WORKERS_FROM - PROBES``).
+    structures that took ``seconds`` each: the last ``probes`` (:data:`PROBES`) took over :data:`COLD_S` on
+    average, and enough are left to be worth the workers' start (``WORKERS_FROM - probes``); with ``probes`` 0, at
+    once when :data:`WORKERS_FROM` are left (structures known to compile for seconds: the pieces of a heavy
+    region, :data:`PIECE_OPS`).
 
     A network whose first structures are quick (their code in Inductor's caches, or small) but whose later ones
     are not (nasnet with its depthwise convolutions unfolded: 36 structures compiled here alone in 39 s) still
     gets its workers, once the compiles turn slow."""
-    recent = seconds[-PROBES:]
-    return len(recent) == PROBES and sum(recent) / PROBES > COLD_S and left >= WORKERS_FROM - PROBES
+    if probes <= 0:
+        return left >= WORKERS_FROM
+    recent = seconds[-probes:]
+    return len(recent) == probes and sum(recent) / probes > COLD_S and left >= WORKERS_FROM - probes
+
+
+def check_piece_ops(piece_ops: int | None) -> int | None:
+    """``piece_ops`` (``FusedBackend(piece_ops=)``) if it is None or a whole number from 0, else an error."""
+    if piece_ops is not None and (type(piece_ops) is not int or piece_ops < 0):
+        raise OpBenchError(f"piece_ops {piece_ops!r}: the most a region weighs before it is cut into pieces is a "
+                           "whole number from 0 (0: no limit), or None for the default")
+    return piece_ops
+
+
+def _compile_weights(gm: Any, ops: Sequence[Any]) -> tuple[list[int], list[bool]]:
+    """For each operator of ``gm`` (``ops``, its :func:`~opbench.ir.regions.fx_operator_dag`): its weight in a
+    region's compile (one; an unfolded depthwise convolution one per tap of its kernel, each a load of Inductor's
+    kernel) and whether a piece of a region may start at it (:func:`~opbench.ir.regions.split_heavy`: a
+    convolution or linear module, or a fused convolution chain, whose input is read from memory by a library
+    kernel in any case)."""
+    import torch
+
+    modules = dict(gm.named_modules())
+    chain = conv_bias_relu_op()
+    weights, starts = [], []
+    for node in ops:
+        weight = 1
+        if node.op == "call_function" and node.target is depthwise_taps:
+            kernel = gm.get_parameter(node.args[1].target).shape
+            weight = int(kernel[2] * kernel[3])
+        weights.append(weight)
+        starts.append((node.op == "call_module" and isinstance(modules.get(node.target),
+                                                                 (torch.nn.Conv2d, torch.nn.Linear)))
+                      or (node.op == "call_function" and node.target is chain))
+    return weights, starts
 
 
 def check_layout(layout: str) -> str:
@@ -419,8 +462,10 @@ class RegionCompiler:
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
     """
 
-    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT) -> None:
+    def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT,
+                 probes: int = PROBES) -> None:
         self.folder, self.jobs, self.combo, self.layout = folder, jobs, combo, check_layout(layout)
+        self.probes = probes
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self._built: dict[str, Any] = {}
@@ -656,6 +701,8 @@ class RegionCompiler:
         """Each ``(name, region, inputs, outputs)`` (``outputs``: the region's own on ``inputs``) compiled, the code
         of each structure (and quick key) run once on its region's inputs: name -> (callable, None), or (the
         region itself, why) when Inductor cannot compile it (see the class docstring)."""
+        import os
+
         traced = {name: self._pretraced[name] if name in self._pretraced else self._trace(name, region, inputs)
                   for name, region, inputs, _ in regions}
         todo = {t.key: (t.graph, t.values) for t in traced.values()
@@ -665,8 +712,10 @@ class RegionCompiler:
             # second, less than a worker takes to start; once they take seconds, workers compile the rest
             seconds: list[float] = []
             for key in list(todo):
-                if _workers_due(seconds, len(todo)):
-                    self._start_workers(todo)
+                if _workers_due(seconds, len(todo), self.probes):
+                    # structures known to be heavy: each worker as many compile threads as its share of the cores
+                    self._start_workers(todo, 1 if self.probes else max(1, (os.cpu_count() or 2) // min(
+                        self.jobs, len(todo))))
                     break
                 clock = time.perf_counter()
                 graph, values = todo.pop(key)
@@ -964,9 +1013,14 @@ class FusedBackend(TorchBackend):
         (``scripts/exp_layout.py``, ``scripts/bench_fused.py --depthwise taps``): randwire's kept schedule ran
         0.201 ms instead of 0.244 (batch 1, float32) and nasnet's greedy schedule 0.657 instead of 0.768 ms
         (batch 8, bfloat16), mobilenet_v3_large within 1 %, shufflenet_v2_x1_0's schedules 4 % slower; a later build
-        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer: nasnet's
-        27 s against a cold ``torch.compile``'s 38 s with the compile shared by workers, mobilenet_v3_large's single
-        region 27 against 15 s. A saved schedule's ``meta["depthwise"]``.
+        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer, shared out
+        by workers: nasnet's 27 s against a cold ``torch.compile``'s 38 s, mobilenet_v3_large's one region in eight
+        pieces (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). A saved schedule's ``meta["depthwise"]``.
+    piece_ops:
+        The most a region of a new cut weighs (:func:`_compile_weights`) before it is cut into consecutive pieces
+        that worker processes compile at once (:func:`opbench.ir.regions.split_heavy`): ``None`` (default),
+        :data:`PIECE_OPS` when depthwise convolutions are unfolded and no limit otherwise; 0, no limit. A saved cut
+        (``regions``) is used as it is.
 
     Attributes
     ----------
@@ -1008,7 +1062,8 @@ class FusedBackend(TorchBackend):
                  costs: Sequence[float] | Callable[[Any], Sequence[float]] | None = None, min_gain_s: float = 5e-6,
                  merge: bool | Sequence[Sequence[str]] = False, store: str | Path | None = "default",
                  jobs: int | None = None, combo: bool | Sequence[int] = False, layout: str = DEFAULT_LAYOUT,
-                 conv_relu: bool | None = None, depthwise: str = DEFAULT_DEPTHWISE) -> None:
+                 conv_relu: bool | None = None, depthwise: str = DEFAULT_DEPTHWISE,
+                 piece_ops: int | None = None) -> None:
         import torch
         from torch.fx.interpreter import Interpreter
         from torch.fx.passes.split_module import split_module
@@ -1021,6 +1076,7 @@ class FusedBackend(TorchBackend):
             raise OpBenchError(f"unknown region cut '{cut}' (accepted: {', '.join(CUTS)})")
         self.layout = check_layout(layout)
         self.depthwise = check_depthwise(depthwise)
+        limit = check_piece_ops(piece_ops)
         if store is not None:  # Inductor needs them to load or store a region's code
             hash_sources_meanwhile()
         gm, self.source_trace = fx_module(model, inputs, trace)
@@ -1043,8 +1099,14 @@ class FusedBackend(TorchBackend):
                 raise OpBenchError("the saved region cut does not match this model's traced graph "
                                    f"({len(missing)} unknown operators): make the schedule again")
             cut_ops = [sorted(index[name] for name in region) for region in regions]
+            pieces_from = len(cut_ops)
         else:
             cut_ops = cut_regions(preds, cut, costs, min_gain_s)
+            if limit is None:
+                limit = PIECE_OPS if self.depthwise_unfolded else 0
+            pieces_from = len(cut_ops)
+            if limit:
+                cut_ops = split_heavy(cut_ops, preds, *_compile_weights(gm, ops), limit)
         self.cut = cut if regions is None else "saved"
         self.regions = [[ops[i].name for i in region] for region in cut_ops]
         split = split_module(gm, gm, region_of(ops, cut_ops))
@@ -1064,7 +1126,8 @@ class FusedBackend(TorchBackend):
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
         folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
-        compiler = RegionCompiler(folder, jobs, layout=layout)
+        # the pieces of heavy regions compile for seconds each: workers start at once, without probes here first
+        compiler = RegionCompiler(folder, jobs, layout=layout, probes=0 if len(cut_ops) > pieces_from else PROBES)
         combo_compiler = RegionCompiler(folder, jobs, combo=True, layout=layout)
         children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
                     if name in seen]
@@ -1220,5 +1283,5 @@ def _grouped_convolutions(module: Any) -> int:
 
 
 # fx_module: opbench.ir.torch_graph's
-__all__ = ["DEFAULT_DEPTHWISE", "DEFAULT_LAYOUT", "LAYOUTS", "FusedBackend", "RegionCall", "RegionCompiler",
-           "check_layout", "compile_region", "fx_module", "weights_channels_last"]
+__all__ = ["DEFAULT_DEPTHWISE", "DEFAULT_LAYOUT", "LAYOUTS", "PIECE_OPS", "FusedBackend", "RegionCall",
+           "RegionCompiler", "check_layout", "check_piece_ops", "compile_region", "fx_module", "weights_channels_last"]
