@@ -83,7 +83,7 @@ DEFAULT_DEPTHWISE = DEPTHWISE[0]
 #: once. Inductor's compile time grows with the loads of a kernel, and a network without branches is one region of
 #: the branches cut, which one process compiled alone: mobilenet_v3_large's 187 operators with 15 unfolded depthwise
 #: convolutions (weight 403) took 25.8 s whole and 18.8 s as the eight pieces of this limit, workers compiling four
-#: (empty Inductor caches, H200, 16 cores; ``scripts/bench_fused.py --piece-ops``); its schedule ran as fast
+#: (empty Inductor caches, H200, 16 cores; ``scripts/bench_fused.py --piece-ops``), its schedule as fast (0.345 ms)
 PIECE_OPS = 56
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
@@ -446,7 +446,8 @@ class RegionCompiler:
     Inductor cannot compile at all runs its ATen operators. With ``combo``, every region is compiled with Inductor's
     horizontal fusion (``combo_kernels``; keys of their own), and one that cannot be compiled so is left as it is,
     with the reason (no ``torch.compile`` of it). ``layout`` (:data:`LAYOUTS`): the layout of the regions'
-    convolutions (keys of their own too).
+    convolutions (keys of their own too). ``probes``: how many structures this process compiles before workers are
+    decided on (:func:`_workers_due`); 0 starts them at once, for structures known to compile for seconds.
 
     Attributes
     ----------
