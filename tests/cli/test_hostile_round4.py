@@ -136,6 +136,8 @@ def _schedule(path: Path, **extra) -> Path:
     (["--depthwise", "taps"], "--depthwise taps sets how Inductor-compiled regions run depthwise convolutions: it"),
     (["--backend", "fused", "--depthwise", "taps", "--schedule", "CUT"],
      "--depthwise taps, but the schedule's regions ran depthwise convolutions as 'aten'"),
+    (["--piece-ops", "40"], "--piece-ops 40 limits the regions Inductor compiles: it applies to --backend torch"),
+    (["--backend", "fused", "--piece-ops", "-1"], "--piece-ops -1: the most a region weighs before it is cut"),
 ])
 def test_an_option_that_does_not_apply_is_refused_not_ignored(tmp_path, args, message):
     files = {"PARTITIONED": _schedule(tmp_path / "p.json", sm_groups=[66], sm_group_of=[0]),

@@ -168,6 +168,10 @@ def _add_compare(sub: Any) -> None:
                    help="with fused kernels, how the regions run depthwise convolutions: aten (PyTorch's "
                         "convolution, the default) or taps (unfolded into the regions' own kernels: later builds "
                         "make no cuDNN plans for them, cold builds compile longer)")
+    k.add_argument("--piece-ops", type=int, default=None, metavar="N",
+                   help="with fused kernels, the most a region of a new cut weighs (an operator one, an unfolded "
+                        "depthwise convolution one per tap) before it is cut into pieces that worker processes "
+                        "compile at once; 0: no limit (default: a limit of 56 with --depthwise taps, none otherwise)")
     k.add_argument("--torch-compile", action="store_true",
                    help="with --backend torch: also measure torch.compile(model, mode='reduce-overhead') (always "
                         "with fused kernels)")
@@ -537,6 +541,13 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
     if depthwise is not None and not fused:
         raise OpBenchError(f"--depthwise {depthwise} sets how Inductor-compiled regions run depthwise convolutions: "
                            "it applies to --backend torch --kernels fused (or --backend fused), not to this run")
+    piece_ops = getattr(args, "piece_ops", None)
+    if piece_ops is not None and piece_ops < 0:
+        raise OpBenchError(f"--piece-ops {piece_ops}: the most a region weighs before it is cut into pieces is a "
+                           "whole number from 0 (0: no limit)")
+    if piece_ops is not None and not fused:
+        raise OpBenchError(f"--piece-ops {piece_ops} limits the regions Inductor compiles: it applies to --backend "
+                           "torch --kernels fused (or --backend fused), not to this run")
     saved_depthwise = saved_cut_fields(schedule.meta).get("depthwise") if saved_cut else None
     if saved_depthwise and depthwise not in (None, saved_depthwise):
         raise OpBenchError(f"--depthwise {depthwise}, but the schedule's regions ran depthwise convolutions as "
@@ -557,7 +568,7 @@ def compare_job(args: argparse.Namespace, options: Any) -> Any:
     database = _database_dir(args, "") if args.backend == "tvm" else None
     backend = BackendSpec(args.backend, args.kernels, merge_mode(args.merge), args.cut,
                           compiled=True if args.torch_compile else None, layout=args.layout or DEFAULT_LAYOUT,
-                          depthwise=args.depthwise or DEFAULT_DEPTHWISE,
+                          depthwise=args.depthwise or DEFAULT_DEPTHWISE, piece_ops=args.piece_ops,
                           repeat=args.compare_repeat,
                           number=args.compare_number)
     return CompareJob(model_spec(args), args.target, backend, options, None if database is None else str(database))
