@@ -142,7 +142,7 @@ def _add_compare(sub: Any) -> None:
     from ..ir.depthwise import DEPTHWISE
     from ..ir.regions import CUTS, KERNELS
     from ..runtime.backend import BACKENDS
-    from ..runtime.fused import LAYOUTS
+    from ..runtime.fused import LAYOUTS, PIECE_OPS
 
     p = sub.add_parser("compare", help="run a model under each schedule and compare", formatter_class=Formatter,
                        description="Run a model under each inter-operator schedule (CUDA Graph on GPU, "
@@ -171,7 +171,7 @@ def _add_compare(sub: Any) -> None:
     k.add_argument("--piece-ops", type=int, default=None, metavar="N",
                    help="with fused kernels, the most a region of a new cut weighs (an operator one, an unfolded "
                         "depthwise convolution one per tap) before it is cut into pieces that worker processes "
-                        "compile at once; 0: no limit (default: a limit of 56 with --depthwise taps, none otherwise)")
+                        f"compile at once; 0: no limit (default: {PIECE_OPS} with --depthwise taps, none otherwise)")
     k.add_argument("--torch-compile", action="store_true",
                    help="with --backend torch: also measure torch.compile(model, mode='reduce-overhead') (always "
                         "with fused kernels)")

@@ -1108,6 +1108,9 @@ class FusedBackend(TorchBackend):
             pieces_from = len(cut_ops)
             if limit:
                 cut_ops = split_heavy(cut_ops, preds, *_compile_weights(gm, ops), limit)
+                if len(cut_ops) > pieces_from:
+                    log.info("regions heavier than %d cut into pieces: %d regions instead of %d", limit,
+                             len(cut_ops), pieces_from)
         self.cut = cut if regions is None else "saved"
         self.regions = [[ops[i].name for i in region] for region in cut_ops]
         split = split_module(gm, gm, region_of(ops, cut_ops))
