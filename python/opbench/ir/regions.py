@@ -37,6 +37,7 @@ into it again, which no cut above makes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -228,13 +229,12 @@ def split_heavy(regions: Sequence[Sequence[int]], preds: Sequence[Sequence[int]]
                     allowed.append(p)
             running += weights[op]
             after.append(running)
-        pieces = -(-total // limit)
-        cuts: list[int] = []
-        for j in range(1, int(pieces)):
-            if allowed:
-                best = min(allowed, key=lambda p: abs(after[p - 1] - j * total / pieces))
-                if best not in cuts and (not cuts or best > cuts[-1]):
-                    cuts.append(best)
+        pieces = math.ceil(total / limit)
+        cuts: list[int] = []  # increasing: a share's nearest boundary, unless an earlier share took it
+        for j in range(1, pieces if allowed else 1):
+            best = min(allowed, key=lambda p: abs(after[p - 1] - j * total / pieces))
+            if not cuts or best > cuts[-1]:
+                cuts.append(best)
         for a, b in zip([0, *cuts], [*cuts, len(region)], strict=True):
             out.append(list(region[a:b]))
     return out

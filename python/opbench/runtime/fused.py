@@ -1078,6 +1078,7 @@ class FusedBackend(TorchBackend):
         self.layout = check_layout(layout)
         self.depthwise = check_depthwise(depthwise)
         limit = check_piece_ops(piece_ops)
+        in_pieces = False  # heavy regions of this cut were cut into pieces
         if store is not None:  # Inductor needs them to load or store a region's code
             hash_sources_meanwhile()
         gm, self.source_trace = fx_module(model, inputs, trace)
@@ -1100,17 +1101,17 @@ class FusedBackend(TorchBackend):
                 raise OpBenchError("the saved region cut does not match this model's traced graph "
                                    f"({len(missing)} unknown operators): make the schedule again")
             cut_ops = [sorted(index[name] for name in region) for region in regions]
-            pieces_from = len(cut_ops)
         else:
             cut_ops = cut_regions(preds, cut, costs, min_gain_s)
             if limit is None:
                 limit = PIECE_OPS if self.depthwise_unfolded else 0
-            pieces_from = len(cut_ops)
             if limit:
+                whole = len(cut_ops)
                 cut_ops = split_heavy(cut_ops, preds, *_compile_weights(gm, ops), limit)
-                if len(cut_ops) > pieces_from:
+                in_pieces = len(cut_ops) > whole
+                if in_pieces:
                     log.info("regions heavier than %d cut into pieces: %d regions instead of %d", limit,
-                             len(cut_ops), pieces_from)
+                             len(cut_ops), whole)
         self.cut = cut if regions is None else "saved"
         self.regions = [[ops[i].name for i in region] for region in cut_ops]
         split = split_module(gm, gm, region_of(ops, cut_ops))
@@ -1131,7 +1132,7 @@ class FusedBackend(TorchBackend):
         self.fallbacks: dict[str, str] = {}
         folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
         # the pieces of heavy regions compile for seconds each: workers start at once, without probes here first
-        compiler = RegionCompiler(folder, jobs, layout=layout, probes=0 if len(cut_ops) > pieces_from else PROBES)
+        compiler = RegionCompiler(folder, jobs, layout=layout, probes=0 if in_pieces else PROBES)
         combo_compiler = RegionCompiler(folder, jobs, combo=True, layout=layout)
         children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
                     if name in seen]
