@@ -420,13 +420,21 @@ GAP_MODELS = ("googlenet", "inception_v3", "nasnet")
 def newest_rows(files: list[Path]) -> list[dict]:
     """The newest row of each (model, batch, dtype) of :data:`TABLE_MODELS` in ``files`` (a later file's row
     replaces an earlier one's; a file holds ``results``, or ``calls`` that each hold ``results``), each with the
-    file it came from (``source``), in the table's order."""
+    file it came from (``source``), in the table's order. A file may name rows whose first builds found Inductor's
+    caches filled by an earlier run on the same machine (``warm_first_builds``: ``model:batch:dtype``); such a row
+    keeps the cold builds of the newest earlier row that has them (``cold_source``: its file), or none."""
     rows: dict[tuple[str, int, str], dict] = {}
     for path in files:
         doc = json.loads(path.read_text())
+        warm = set(doc.get("warm_first_builds", []))
         for row in doc.get("results", []) + [r for call in doc.get("calls", []) for r in call.get("results", [])]:
             if "error" not in row and "ms" in row and row["model"] in TABLE_MODELS:
-                rows[key(row)] = dict(row, source=path.name)
+                k = key(row)
+                row = dict(row, source=path.name, cold_source=path.name)
+                if ":".join(map(str, k)) in warm:
+                    earlier = rows.get(k, {})
+                    row.update(cold=earlier.get("cold", {}), cold_source=earlier.get("cold_source"))
+                rows[k] = row
     return [rows[k] for k in sorted(rows, key=lambda k: (TABLE_MODELS.index(k[0]), k[1], k[2]))]
 
 
@@ -444,6 +452,10 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| model | batch | dtype | model graph | torch.compile | + combo | capturer fused | fused critical path | "
              "gap | vs compile | vs best | own, kept | own, torch.compile | rebuild s | cold s (fused / compile) | "
              "kept | file |", "|" + " --- |" * 17]
+    def cold_from(r: dict) -> str:  # where a row's cold builds came from, when not from its own file
+        source = r.get("cold_source", r["source"])
+        return "" if source == r["source"] else f" (cold: {source or 'none'})"
+
     for r in rows:
         ms, own, cold = r["ms"], r.get("own_vs_timer", {}), r.get("cold", {})
         lines.append(
@@ -453,7 +465,7 @@ def markdown_table(rows: list[dict]) -> str:
             f"{r['fused_vs_compile']:.2f}x | {vs_best(r):+.1%} | {own.get('capturer fused', nan):+.1%} | "
             f"{own.get('torch.compile', nan):+.1%} | {r.get('rebuild', {}).get('build_s', nan):.1f} | "
             f"{cold.get('fused_cold_s', nan):.0f} / {cold.get('torch_compile_cold_s', nan):.0f} | {r['fused_kept']} | "
-            f"{r['source']} |")
+            f"{r['source']}{cold_from(r)} |")
 
     def missed(test) -> str:
         names = [f"{r['model']}:{r['batch']} {r.get('dtype', 'float32')}" for r in rows if test(r)]
