@@ -311,6 +311,7 @@ def bench(name: str, batch: int, args) -> dict:
           f"{res['fused_steady_kept']})", flush=True)
     regions = fused.backend
     res["regions"], res["region_fallbacks"] = len(regions.regions), regions.fallbacks
+    res["depthwise_ran"] = regions.depthwise  # what --depthwise auto chose
     bound = critical_path(regions, args.repeat, args.number)
     res["fused_critical_path_ms"] = bound["chain_ms"]
     # regions handed other strides than the eager run's by their compiled producers: compiled again for them;
@@ -582,9 +583,10 @@ def main() -> int:
     parser.add_argument("--layout", default="inductor", choices=("inductor", "pytorch"),
                         help="the fused capturer's region layout (capturer(layout=...)): inductor (channels-last "
                              "convolutions, the default) or pytorch (the model's own)")
-    parser.add_argument("--depthwise", default="aten", choices=("aten", "taps"),
+    parser.add_argument("--depthwise", default="aten", choices=("aten", "taps", "auto"),
                         help="how the fused capturer's regions run depthwise convolutions (capturer(depthwise=...)): "
-                             "aten (PyTorch's convolution, the default) or taps (unfolded into the regions' kernels)")
+                             "aten (PyTorch's convolution, the default), taps (unfolded into the regions' kernels) "
+                             "or auto (taps where every depthwise convolution is at most 3x3)")
     parser.add_argument("--piece-ops", type=int, default=None, metavar="N",
                         help="the most a fused region of a new cut weighs before it is cut into pieces that worker "
                              "processes compile at once (capturer(piece_ops=...); 0: no limit; default: the "

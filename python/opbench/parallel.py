@@ -470,7 +470,8 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     :data:`opbench.runtime.fused.LAYOUTS`: ``"pytorch"`` keeps the model's own, so that a later build of a model
     with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed;
     ``depthwise="taps"``: depthwise convolutions unfolded into sums of shifted products that Inductor compiles into
-    the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels; ``piece_ops``: the
+    the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels, ``"auto"`` so where
+    every depthwise convolution is at most 3x3 (:func:`opbench.ir.depthwise.auto_depthwise`); ``piece_ops``: the
     most a fused region of a new cut weighs before it is cut into consecutive pieces that worker processes compile at
     once, :class:`~opbench.runtime.fused.FusedBackend`'s; by default a limit only with ``depthwise="taps"``).
     The result is a

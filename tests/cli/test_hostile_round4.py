@@ -325,3 +325,20 @@ def test_a_signal_at_any_moment_of_a_start_is_one_line_and_130(entry, moment, tm
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     mine = [line for line in err.splitlines() if not line.startswith("import time")]
     assert mine[-1].endswith("interrupted; every finished measurement is in the dataset"), mine
+
+
+def test_depthwise_auto_takes_what_a_saved_schedule_ran():
+    """``--depthwise auto`` with a saved fused schedule is not refused: the schedule's own choice is taken, as
+    without the option; a fixed mode that differs from the saved one is refused."""
+    import argparse
+
+    from opbench.cli.main import _check_applies
+    from opbench.errors import OpBenchError
+    from opbench.schedule import Schedule
+
+    saved = Schedule("opara", [0], [0], [], meta={"kernels": "fused", "cut": "branches", "regions": [["x"]],
+                                                   "depthwise": "taps"})
+    args = argparse.Namespace(backend="fused", sm_partition="off", depthwise="auto")
+    _check_applies(args, False, saved)
+    with pytest.raises(OpBenchError, match="--depthwise aten, but the schedule's regions ran depthwise convolutions"):
+        _check_applies(argparse.Namespace(backend="fused", sm_partition="off", depthwise="aten"), False, saved)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from opbench.errors import OpBenchError  # noqa: E402
-from opbench.ir.depthwise import check_depthwise, depthwise_taps, unfold_depthwise  # noqa: E402
+from opbench.ir.depthwise import auto_depthwise, check_depthwise, depthwise_taps, unfold_depthwise  # noqa: E402
 
 
 @pytest.mark.parametrize("channels, multiplier, k, stride, padding, dilation, bias", [
@@ -98,5 +98,51 @@ def test_unfold_replaces_the_depthwise_calls_only_and_keeps_the_outputs():
 
 def test_an_unknown_mode_is_refused_with_the_accepted_ones():
     assert check_depthwise("taps") == "taps"
-    with pytest.raises(OpBenchError, match=r"unknown depthwise convolution mode 'cudnn' \(accepted: aten, taps\)"):
+    with pytest.raises(OpBenchError,
+                       match=r"unknown depthwise convolution mode 'cudnn' \(accepted: aten, taps, auto\)"):
         check_depthwise("cudnn")
+
+
+class Small(torch.nn.Module):
+    """Depthwise convolutions of ``kernels`` (each followed by a pointwise one), and optionally a grouped one that
+    is not depthwise."""
+
+    def __init__(self, kernels: tuple[int, ...], grouped: bool = False) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 1)
+        self.dws = torch.nn.ModuleList([torch.nn.Conv2d(8, 8, k, padding=k // 2, groups=8) for k in kernels])
+        self.pws = torch.nn.ModuleList([torch.nn.Conv2d(8, 8, 1) for _ in kernels])
+        self.grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2) if grouped else None
+
+    def forward(self, x):
+        x = self.stem(x)
+        for dw, pw in zip(self.dws, self.pws, strict=True):
+            x = pw(torch.relu(dw(x)))
+        return self.grouped(x) if self.grouped is not None else x
+
+
+@pytest.mark.parametrize("kernels, grouped, chosen", [
+    ((3, 3), False, "taps"),  # every depthwise convolution 3x3
+    ((3, 1), False, "taps"),
+    ((3, 5), False, "aten"),  # one of 25 taps: the network keeps PyTorch's convolution
+    ((3,), True, "aten"),  # a grouped convolution that is not depthwise stays cuDNN's
+    ((), False, "aten"),  # nothing to unfold
+])
+def test_auto_unfolds_a_network_whose_depthwise_convolutions_are_all_small(kernels, grouped, chosen):
+    gm = torch.fx.symbolic_trace(Small(kernels, grouped))
+    assert auto_depthwise(gm) == chosen
+    assert auto_depthwise(torch.fx.symbolic_trace(Net())) == "aten"  # 5x5, grouped, padding="same"
+
+
+def test_auto_sees_a_grouped_convolution_called_as_a_function():
+    class Functional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dw = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+            self.weight = torch.nn.Parameter(torch.randn(4, 2, 3, 3))
+
+        def forward(self, x):
+            return torch.nn.functional.conv2d(self.dw(x), self.weight, None, 1, 1, 1, 2)
+
+    assert auto_depthwise(torch.fx.symbolic_trace(Functional())) == "aten"
+    assert check_depthwise("auto") == "auto"

@@ -603,7 +603,8 @@ def test_the_capturer_builds_a_saved_cut_in_its_saved_layout_and_otherwise_in_th
     assert [kw["depthwise"] for kw in asked[2:]] == ["taps", "aten"]
     with pytest.raises(OpBenchError, match="depthwise='taps' unfolds the depthwise convolutions of fused regions"):
         parallel.CaptureOptions(depthwise="taps")  # with PyTorch's kernels
-    with pytest.raises(OpBenchError, match=r"unknown depthwise convolution mode 'cudnn' \(accepted: aten, taps\)"):
+    with pytest.raises(OpBenchError,
+                       match=r"unknown depthwise convolution mode 'cudnn' \(accepted: aten, taps, auto\)"):
         parallel.CaptureOptions(kernels="fused", depthwise="cudnn")
 
 
@@ -980,6 +981,39 @@ def test_depthwise_taps_run_in_the_regions_and_a_later_build_finds_them_by_their
     assert fused.FusedBackend(model, [x], store=None).schedule_meta()["depthwise"] == "aten"  # the default
     with pytest.raises(OpBenchError, match="unknown depthwise convolution mode"):
         fused.FusedBackend(model, [x], store=None, depthwise="cudnn")
+
+
+class ThreeByThree(torch.nn.Module):
+    """Two depthwise 3x3 convolutions, each between pointwise ones, on two branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 1)
+        self.dw_a, self.pw_a = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 8, 1)
+        self.dw_b, self.pw_b = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return self.pw_a(torch.relu(self.dw_a(x))).mean((2, 3)) + self.pw_b(torch.relu(self.dw_b(x))).mean((2, 3))
+
+
+def test_depthwise_auto_unfolds_a_network_of_3x3_ones_and_leaves_larger_ones_to_pytorch(monkeypatch):
+    """``depthwise="auto"``: a network whose depthwise convolutions are all 3x3 runs them unfolded, and its
+    schedule says ``taps``; one with a 5x5 (:class:`Separable`) keeps PyTorch's convolution and says ``aten``. The
+    regions run as they are here (what is chosen, not Inductor's compile, is under test)."""
+    from opbench.runtime import fused
+
+    monkeypatch.setattr(fused.RegionCompiler, "compile_all",
+                        lambda self, regions: {name: (region, None) for name, region, *_ in regions})
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 12, 12)
+    for model, chosen, unfolded in ((ThreeByThree().eval(), "taps", 2), (Separable().eval(), "aten", 0)):
+        with torch.no_grad():
+            expected = model(x)
+        backend = fused.FusedBackend(model, [x], store=None, depthwise="auto")
+        assert (backend.depthwise, backend.depthwise_unfolded) == (chosen, unfolded)
+        assert backend.schedule_meta()["depthwise"] == chosen  # a later build from the schedule takes the choice
+        torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
 
 
 class InvertedResiduals(torch.nn.Module):

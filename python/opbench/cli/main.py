@@ -166,8 +166,9 @@ def _add_compare(sub: Any) -> None:
                         "convolutions, a later build starts seconds sooner and runs a few percent slower)")
     k.add_argument("--depthwise", default=None, choices=DEPTHWISE,
                    help="with fused kernels, how the regions run depthwise convolutions: aten (PyTorch's "
-                        "convolution, the default) or taps (unfolded into the regions' own kernels: later builds "
-                        "make no cuDNN plans for them, cold builds compile longer)")
+                        "convolution, the default), taps (unfolded into the regions' own kernels: later builds "
+                        "make no cuDNN plans for them, cold builds compile longer) or auto (taps where every "
+                        "depthwise convolution is at most 3x3, else aten)")
     k.add_argument("--piece-ops", type=int, default=None, metavar="N",
                    help="with fused kernels, the most a region of a new cut weighs (an operator one, an unfolded "
                         "depthwise convolution one per tap) before it is cut into pieces that worker processes "
@@ -549,7 +550,7 @@ def _check_applies(args: argparse.Namespace, gpu: bool, schedule: Any) -> None:
         raise OpBenchError(f"--piece-ops {piece_ops} limits the regions Inductor compiles: it applies to --backend "
                            "torch --kernels fused (or --backend fused), not to this run")
     saved_depthwise = saved_cut_fields(schedule.meta).get("depthwise") if saved_cut else None
-    if saved_depthwise and depthwise not in (None, saved_depthwise):
+    if saved_depthwise and depthwise not in (None, "auto", saved_depthwise):
         raise OpBenchError(f"--depthwise {depthwise}, but the schedule's regions ran depthwise convolutions as "
                            f"'{saved_depthwise}' (accepted: --depthwise {saved_depthwise}, or no --depthwise, which "
                            "reuses the saved one)")

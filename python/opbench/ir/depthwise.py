@@ -34,8 +34,16 @@ from .graph import recompiled
 log = logging.getLogger(__name__)
 
 #: how a fused region runs a depthwise convolution: ``aten`` (PyTorch's convolution: cuDNN in Inductor's
-#: channels-last layout) or ``taps`` (:func:`depthwise_taps`, compiled by Inductor into the region's kernels)
-DEPTHWISE = ("aten", "taps")
+#: channels-last layout), ``taps`` (:func:`depthwise_taps`, compiled by Inductor into the region's kernels) or
+#: ``auto`` (one of the two for the whole network: :func:`auto_depthwise`)
+DEPTHWISE = ("aten", "taps", "auto")
+
+#: the most taps (``kh * kw``) a depthwise convolution may have for ``auto`` to unfold the network's: 3x3. On an
+#: H200, randwire (48 depthwise convolutions, all 3x3) ran its kept schedule 16-31 % faster with ``taps`` at batch
+#: 1 and 8 in float32 and bfloat16, while nasnet (40, 74 % of their multiply-adds in 5x5 and 7x7 kernels) and
+#: mobilenet_v3_large (15, half in 5x5) ran 6-8 % slower at batch 8 in float32; a 7x7 sum of 49 loads also
+#: compiles for seconds (``docs/results.md``)
+AUTO_TAPS = 9
 
 
 def depthwise_taps(x: Any, weight: Any, bias: Any | None, stride: tuple[int, int], padding: tuple[int, int],
@@ -129,6 +137,31 @@ def unfold_depthwise(gm: Any, unrolled: bool = True) -> int:
     return unfolded
 
 
+def auto_depthwise(gm: Any) -> str:
+    """What ``depthwise="auto"`` runs the traced graph ``gm`` (a ``torch.fx.GraphModule``) with: ``taps`` when it
+    calls depthwise convolutions that :func:`unfold_depthwise` unfolds, none of more than :data:`AUTO_TAPS` taps,
+    and no other grouped convolution (which would keep cuDNN's grouped path, and its plans, in the regions);
+    ``aten`` otherwise."""
+    import torch
+
+    modules = dict(gm.named_modules())
+    unfolded = 0
+    for node in gm.graph.nodes:
+        conv = _depthwise(node, modules)
+        if conv is not None:
+            if conv.kernel_size[0] * conv.kernel_size[1] > AUTO_TAPS:
+                return "aten"
+            unfolded += 1
+            continue
+        called = modules.get(node.target) if node.op == "call_module" else None
+        if isinstance(called, torch.nn.modules.conv._ConvNd) and called.groups > 1:
+            return "aten"
+        if node.op == "call_function" and node.target in (torch.nn.functional.conv2d, torch.conv2d) \
+                and (node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)) != 1:
+            return "aten"
+    return "taps" if unfolded else "aten"
+
+
 def check_depthwise(depthwise: str) -> str:
     """``depthwise`` when it is one of :data:`DEPTHWISE`, else a one-line error naming those accepted."""
     from ..errors import OpBenchError
@@ -138,4 +171,4 @@ def check_depthwise(depthwise: str) -> str:
     return depthwise
 
 
-__all__ = ["DEPTHWISE", "check_depthwise", "depthwise_taps", "unfold_depthwise"]
+__all__ = ["AUTO_TAPS", "DEPTHWISE", "auto_depthwise", "check_depthwise", "depthwise_taps", "unfold_depthwise"]

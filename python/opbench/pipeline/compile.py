@@ -198,8 +198,8 @@ class BackendSpec(Spec):
         convolutions); a saved fused schedule's ``meta["conv_relu"]``.
     depthwise:
         For fused kernels, how depthwise convolutions run (:data:`opbench.ir.depthwise.DEPTHWISE`:
-        ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution, by default); a saved fused schedule's
-        ``meta["depthwise"]``.
+        ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution, by default; ``auto`` chooses for the
+        network); a saved fused schedule's ``meta["depthwise"]`` (what was chosen).
     piece_ops:
         For fused kernels, the most a region of a new cut weighs before it is cut into pieces that worker processes
         compile at once (``FusedBackend(piece_ops=)``; ``None``: its default, a limit only with ``depthwise="taps"``;

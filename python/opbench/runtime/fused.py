@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
-from ..ir.depthwise import DEPTHWISE, check_depthwise, depthwise_taps, unfold_depthwise
+from ..ir.depthwise import DEPTHWISE, auto_depthwise, check_depthwise, depthwise_taps, unfold_depthwise
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of, split_heavy
 from ..ir.torch_graph import fx_module, merge_into_graph
 from ..utils import written_whole
@@ -1012,11 +1012,14 @@ class FusedBackend(TorchBackend):
         weights of one that never had any, and its chains are fused only where cuDNN fuses their shape
         (:func:`opbench.ir.conv_relu.fuse_conv_relu` given the inputs). A trade, measured on an H200
         (``scripts/exp_layout.py``, ``scripts/bench_fused.py --depthwise taps``): randwire's kept schedule ran
-        0.201 ms instead of 0.244 (batch 1, float32) and nasnet's greedy schedule 0.657 instead of 0.768 ms
-        (batch 8, bfloat16), mobilenet_v3_large within 1 %, shufflenet_v2_x1_0's schedules 4 % slower; a later build
-        makes no cuDNN plans for them (nasnet's 4.2 s instead of 8.5), but a cold build compiles longer, shared out
-        by workers: nasnet's 27 s against a cold ``torch.compile``'s 38 s, mobilenet_v3_large's one region in eight
-        pieces (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). A saved schedule's ``meta["depthwise"]``.
+        0.201 ms instead of 0.244 (batch 1, float32) and 0.276 instead of 0.398 ms (batch 8, bfloat16),
+        mobilenet_v3_large within 1 % at batch 1, shufflenet_v2_x1_0's schedules 4 % slower, and nasnet's and
+        mobilenet_v3_large's 6-8 % slower at batch 8 in float32; a later build makes no cuDNN plans for them
+        (nasnet's 4.2-5.0 s instead of 8.5 at batch 1), but a cold build compiles longer, shared out by workers:
+        nasnet's 27 s against a cold ``torch.compile``'s 38 s, mobilenet_v3_large's one region in eight pieces
+        (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). ``auto``: ``taps`` for a network whose depthwise
+        convolutions are all small (:func:`opbench.ir.depthwise.auto_depthwise`: at most 3x3, as randwire's), else
+        ``aten``; :attr:`depthwise` says which. A saved schedule's ``meta["depthwise"]`` (``aten`` or ``taps``).
     piece_ops:
         The most a region of a new cut weighs (:func:`_compile_weights`) before it is cut into consecutive pieces
         that worker processes compile at once (:func:`opbench.ir.regions.split_heavy`): ``None`` (default),
@@ -1040,8 +1043,10 @@ class FusedBackend(TorchBackend):
         The groups of sibling convolutions merged, by node name (empty without ``merge``).
     conv_relu_chains:
         How many convolution -> batch norm -> ReLU chains run as one cuDNN call (0 without ``conv_relu``).
+    depthwise:
+        How the regions run depthwise convolutions: ``aten`` or ``taps`` (what ``auto`` chose).
     depthwise_unfolded:
-        How many depthwise convolutions were unfolded (0 unless ``depthwise="taps"``).
+        How many depthwise convolutions were unfolded (0 unless :attr:`depthwise` is ``taps``).
     recompiled:
         The regions compiled again for the strides their compiled producers hand them
         (:func:`_compile_for_handed_strides`).
@@ -1084,6 +1089,9 @@ class FusedBackend(TorchBackend):
         gm, self.source_trace = fx_module(model, inputs, trace)
         self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         conv_bias_relu_op()  # registered before a region that calls it is compiled or loaded
+        if self.depthwise == "auto":
+            self.depthwise = auto_depthwise(gm)
+            log.info("depthwise='auto': %s for this network", self.depthwise)
         self.depthwise_unfolded = unfold_depthwise(gm) if self.depthwise == "taps" else 0
         if conv_relu is None:
             conv_relu = self.layout == "inductor" and _on_cuda(inputs) and not _grouped_convolutions(gm)
