@@ -590,7 +590,7 @@ def main() -> int:
     parser.add_argument("--piece-ops", type=int, default=None, metavar="N",
                         help="the most a fused region of a new cut weighs before it is cut into pieces that worker "
                              "processes compile at once (capturer(piece_ops=...); 0: no limit; default: the "
-                             "capturer's, a limit only with --depthwise taps)")
+                             "capturer's, a limit only where depthwise convolutions are unfolded)")
     parser.add_argument("--channels-last-compile", action="store_true",
                         help=f"also time '{CHANNELS_LAST_ROW}': torch.compile of the model with its 4-D weights "
                              "stored channels-last (as the fused regions take them), the input as given")

@@ -172,7 +172,8 @@ def _add_compare(sub: Any) -> None:
     k.add_argument("--piece-ops", type=int, default=None, metavar="N",
                    help="with fused kernels, the most a region of a new cut weighs (an operator one, an unfolded "
                         "depthwise convolution one per tap) before it is cut into pieces that worker processes "
-                        f"compile at once; 0: no limit (default: {PIECE_OPS} with --depthwise taps, none otherwise)")
+                        f"compile at once; 0: no limit (default: {PIECE_OPS} where depthwise convolutions are "
+                        "unfolded, by --depthwise taps or auto; none otherwise)")
     k.add_argument("--torch-compile", action="store_true",
                    help="with --backend torch: also measure torch.compile(model, mode='reduce-overhead') (always "
                         "with fused kernels)")
