@@ -453,6 +453,7 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| model | batch | dtype | model graph | torch.compile | + combo | capturer fused | fused critical path | "
              "gap | vs compile | vs best | own, kept | own, torch.compile | rebuild s | cold s (fused / compile) | "
              "kept | file |", "|" + " --- |" * 17]
+
     def cold_from(r: dict) -> str:  # where a row's cold builds came from, when not from its own file
         source = r.get("cold_source", r["source"])
         return "" if source == r["source"] else f" (cold: {source or 'none'})"

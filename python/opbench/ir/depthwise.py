@@ -137,29 +137,33 @@ def unfold_depthwise(gm: Any, unrolled: bool = True) -> int:
     return unfolded
 
 
+def grouped_convolutions(module: Any) -> int:
+    """How many convolutions of ``module`` (its ``torch.nn`` convolution modules, and the convolution calls of its
+    graph where it is a ``GraphModule``) have more than one group."""
+    import torch
+
+    count = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups > 1)
+    graph = getattr(module, "graph", None)
+    where = {torch.nn.functional.conv1d: 6, torch.nn.functional.conv2d: 6, torch.nn.functional.conv3d: 6,
+             torch.conv2d: 6, torch.ops.aten.convolution.default: 8, torch.ops.aten.conv2d.default: 6}
+    for node in getattr(graph, "nodes", ()):
+        at = where.get(node.target) if node.op == "call_function" else None
+        if at is not None:
+            groups = node.args[at] if len(node.args) > at else node.kwargs.get("groups", 1)
+            count += isinstance(groups, int) and groups > 1
+    return count
+
+
 def auto_depthwise(gm: Any) -> str:
     """What ``depthwise="auto"`` runs the traced graph ``gm`` (a ``torch.fx.GraphModule``) with: ``taps`` when it
     calls depthwise convolutions that :func:`unfold_depthwise` unfolds, none of more than :data:`AUTO_TAPS` taps,
-    and no other grouped convolution (which would keep cuDNN's grouped path, and its plans, in the regions);
-    ``aten`` otherwise."""
-    import torch
-
+    and no other grouped convolution (:func:`grouped_convolutions`; one left would keep cuDNN's grouped path, and
+    its plans, in the regions); ``aten`` otherwise."""
     modules = dict(gm.named_modules())
-    unfolded = 0
-    for node in gm.graph.nodes:
-        conv = _depthwise(node, modules)
-        if conv is not None:
-            if conv.kernel_size[0] * conv.kernel_size[1] > AUTO_TAPS:
-                return "aten"
-            unfolded += 1
-            continue
-        called = modules.get(node.target) if node.op == "call_module" else None
-        if isinstance(called, torch.nn.modules.conv._ConvNd) and called.groups > 1:
-            return "aten"
-        if node.op == "call_function" and node.target in (torch.nn.functional.conv2d, torch.conv2d) \
-                and (node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)) != 1:
-            return "aten"
-    return "taps" if unfolded else "aten"
+    unfolded = {id(c): c for c in (_depthwise(node, modules) for node in gm.graph.nodes) if c is not None}
+    if not unfolded or any(c.kernel_size[0] * c.kernel_size[1] > AUTO_TAPS for c in unfolded.values()):
+        return "aten"
+    return "taps" if grouped_convolutions(gm) == len(unfolded) else "aten"
 
 
 def check_depthwise(depthwise: str) -> str:
@@ -171,4 +175,5 @@ def check_depthwise(depthwise: str) -> str:
     return depthwise
 
 
-__all__ = ["AUTO_TAPS", "DEPTHWISE", "auto_depthwise", "check_depthwise", "depthwise_taps", "unfold_depthwise"]
+__all__ = ["AUTO_TAPS", "DEPTHWISE", "auto_depthwise", "check_depthwise", "depthwise_taps", "grouped_convolutions",
+           "unfold_depthwise"]

@@ -33,7 +33,14 @@ from typing import Any
 
 from ..errors import OpBenchError, first_line
 from ..ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
-from ..ir.depthwise import DEPTHWISE, auto_depthwise, check_depthwise, depthwise_taps, unfold_depthwise
+from ..ir.depthwise import (
+    DEPTHWISE,
+    auto_depthwise,
+    check_depthwise,
+    depthwise_taps,
+    grouped_convolutions,
+    unfold_depthwise,
+)
 from ..ir.regions import CUTS, cut_regions, fx_operator_dag, region_of, split_heavy
 from ..ir.torch_graph import fx_module, merge_into_graph
 from ..utils import written_whole
@@ -1094,7 +1101,7 @@ class FusedBackend(TorchBackend):
             log.info("depthwise='auto': %s for this network", self.depthwise)
         self.depthwise_unfolded = unfold_depthwise(gm) if self.depthwise == "taps" else 0
         if conv_relu is None:
-            conv_relu = self.layout == "inductor" and _on_cuda(inputs) and not _grouped_convolutions(gm)
+            conv_relu = self.layout == "inductor" and _on_cuda(inputs) and not grouped_convolutions(gm)
         # with depthwise convolutions unfolded, chains of shapes cuDNN does not fuse are left to Inductor
         self.conv_relu_chains = fuse_conv_relu(gm, inputs if self.depthwise_unfolded else None) if conv_relu else 0
         if self.layout == "inductor":
@@ -1263,7 +1270,7 @@ def weights_channels_last(module: Any) -> Any:
     def converted(t: Any) -> bool:
         return t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last)
 
-    if all(converted(t) for t in (*module.parameters(), *module.buffers())) or _grouped_convolutions(module):
+    if all(converted(t) for t in (*module.parameters(), *module.buffers())) or grouped_convolutions(module):
         return module
     try:
         module = copy.deepcopy(module)
@@ -1276,23 +1283,6 @@ def weights_channels_last(module: Any) -> Any:
 def _on_cuda(inputs: Sequence[Any]) -> bool:
     """Whether the first tensor of ``inputs`` is on a CUDA device."""
     return next((bool(x.is_cuda) for x in inputs if hasattr(x, "is_cuda")), False)
-
-
-def _grouped_convolutions(module: Any) -> int:
-    """How many convolutions of ``module`` (its ``torch.nn`` convolution modules, and the convolution calls of its
-    graph where it is a ``GraphModule``) have more than one group."""
-    import torch
-
-    count = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups > 1)
-    graph = getattr(module, "graph", None)
-    where = {torch.nn.functional.conv1d: 6, torch.nn.functional.conv2d: 6, torch.nn.functional.conv3d: 6,
-             torch.conv2d: 6, torch.ops.aten.convolution.default: 8, torch.ops.aten.conv2d.default: 6}
-    for node in getattr(graph, "nodes", ()):
-        at = where.get(node.target) if node.op == "call_function" else None
-        if at is not None:
-            groups = node.args[at] if len(node.args) > at else node.kwargs.get("groups", 1)
-            count += isinstance(groups, int) and groups > 1
-    return count
 
 
 # fx_module: opbench.ir.torch_graph's
