@@ -30,7 +30,11 @@ that Inductor compiles into the region's kernels (``opbench.ir.depthwise``), the
 does it for a network without grouped convolutions (channels-last weights, chains as one cuDNN call where the
 network has no other grouped convolution); ``taps_no_chains`` the same without the chains (``unfolded``: how many
 depthwise convolutions); ``taps_window`` the same as ``taps`` with the taps summed as one reduction over an
-unfolded view of the input (``depthwise_taps(unrolled=False)``) instead of one shifted product after another.
+unfolded view of the input (``depthwise_taps(unrolled=False)``) instead of one shifted product after another;
+``taps_chains_cl`` the same as ``taps`` with each chain's input made channels-last in the graph first
+(``fuse_conv_relu(channels_last_inputs=True)``): cuDNN runs a fused chain channels-last, and an input in PyTorch's
+layout (shufflenet_v2_x1_0's channel shuffle makes one) is otherwise copied inside the call and its output copied
+back (PyTorch's element-wise kernels in ``kernels_by_name``).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -59,14 +63,17 @@ sys.path.insert(0, str(ROOT / "python"))
 VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_optimization": False},
             "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True},
             "conv_relu": {"layout_optimization": True}, "taps": {"layout_optimization": True},
-            "taps_no_chains": {"layout_optimization": True}, "taps_window": {"layout_optimization": True}}
+            "taps_no_chains": {"layout_optimization": True}, "taps_window": {"layout_optimization": True},
+            "taps_chains_cl": {"layout_optimization": True}}
 #: variants whose regions take their weights channels-last: ``weights_channels_last`` from a channels-last copy of
 #: the model (:func:`_variant_model`), ``conv_relu``, ``taps`` and ``taps_no_chains`` through ``FusedBackend``'s own
 #: step; the other variants are built with that step left out (:func:`build`)
-CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_chains", "taps_window"}
+CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_chains", "taps_window",
+                         "taps_chains_cl"}
 #: ``FusedBackend``'s arguments in each variant (else the default of none of its steps)
 BACKEND = {"conv_relu": {"conv_relu": True}, "taps": {"depthwise": "taps", "conv_relu": None},
-           "taps_no_chains": {"depthwise": "taps"}, "taps_window": {"depthwise": "taps", "conv_relu": None}}
+           "taps_no_chains": {"depthwise": "taps"}, "taps_window": {"depthwise": "taps", "conv_relu": None},
+           "taps_chains_cl": {"depthwise": "taps", "conv_relu": None}}
 
 
 def _variant_model(model: Any, layout: str) -> Any:
@@ -114,10 +121,12 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
 
     as_given = layout not in CHANNELS_LAST_WEIGHTS  # the weights as the model has them: the backend's step left out
     window = partial(fused.unfold_depthwise, unrolled=False)
+    chains_cl = partial(fused.fuse_conv_relu, channels_last_inputs=True)
     clock = time.perf_counter()
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext(), \
-            mock.patch.object(fused, "unfold_depthwise", window) if layout == "taps_window" else nullcontext():
+            mock.patch.object(fused, "unfold_depthwise", window) if layout == "taps_window" else nullcontext(), \
+            mock.patch.object(fused, "fuse_conv_relu", chains_cl) if layout == "taps_chains_cl" else nullcontext():
         backend = fused.FusedBackend(model, [x], store=store, jobs=1,
                                      **({"conv_relu": False} | BACKEND.get(layout, {})))
     return backend, time.perf_counter() - clock

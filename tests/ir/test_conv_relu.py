@@ -82,6 +82,34 @@ def test_chains_become_one_call_each_and_outputs_equal_the_model():
     assert fuse_conv_relu(again) == 0
 
 
+def test_chains_can_take_their_inputs_channels_last():
+    from opbench.ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
+
+    net, x = _net()
+    gm = torch.fx.symbolic_trace(net)
+    with torch.no_grad():
+        expected = net(x)
+    assert fuse_conv_relu(gm, channels_last_inputs=True) == 2
+    calls = [n for n in gm.graph.nodes if n.target is conv_bias_relu_op()]
+    made = [n.args[0] for n in calls]
+    assert all(n.op == "call_method" and n.target == "contiguous"
+               and n.kwargs == {"memory_format": torch.channels_last} for n in made)
+    seen = []
+    hook = torch.fx.Interpreter(gm)
+    run_node = hook.run_node
+
+    def record(n):  # the value each call is given
+        out = run_node(n)
+        if n in made:
+            seen.append(out)
+        return out
+
+    hook.run_node = record
+    with torch.no_grad():
+        torch.testing.assert_close(hook.run(x), expected, rtol=1e-5, atol=1e-5)
+    assert len(seen) == 2 and all(t.is_contiguous(memory_format=torch.channels_last) for t in seen)
+
+
 def test_the_batch_norm_is_folded_in_float32_and_rounded_once():
     from opbench.ir.conv_relu import fold_batchnorm
 

@@ -210,10 +210,16 @@ def _probe_device(inputs: Any | None) -> Any | None:
     return device if torch.backends.cudnn.enabled else None
 
 
-def fuse_conv_relu(gm: Any, inputs: Any | None = None) -> int:
+def fuse_conv_relu(gm: Any, inputs: Any | None = None, channels_last_inputs: bool = False) -> int:
     """Replace, in the ``torch.fx.GraphModule`` ``gm`` (in place), each chain of a convolution, its eval batch
     norm and a ReLU by one call of :func:`conv_bias_relu_op` (see the module docstring); how many chains. Given
     ``inputs`` (the graph's, on a GPU with cuDNN), only the chains whose shape cuDNN fuses (:func:`cudnn_fuses`).
+
+    ``channels_last_inputs``: each call's input is made channels-last in the graph first (``contiguous(
+    memory_format=torch.channels_last)``, which does nothing to an input already so), where Inductor can write it
+    so in the kernel that makes it. cuDNN runs a fused chain channels-last: an input in PyTorch's layout (after
+    shufflenet_v2_x1_0's channel shuffle, say) is otherwise copied inside the call, and its output copied back to
+    the layout the call's input had (``scripts/exp_layout.py``'s ``taps_chains_cl`` variant).
 
     The folded weights are new parameters of ``gm``; the chains' modules are dropped from ``gm`` and left as
     they are wherever else they are held (the model ``gm`` was traced from keeps its own)."""
@@ -238,7 +244,10 @@ def fuse_conv_relu(gm: Any, inputs: Any | None = None) -> int:
         for name, value in zip(names, (weight, bias), strict=True):
             gm.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
         with gm.graph.inserting_before(relu):
-            fused = gm.graph.call_function(op, (conv_node.args[0], *(gm.graph.get_attr(n) for n in names),
+            x = conv_node.args[0]
+            if channels_last_inputs:
+                x = gm.graph.call_method("contiguous", (x,), {"memory_format": torch.channels_last})
+            fused = gm.graph.call_function(op, (x, *(gm.graph.get_attr(n) for n in names),
                                                 list(conv.stride), list(conv.padding), list(conv.dilation), 1))
         relu.replace_all_uses_with(fused)
         for node in (relu, bn_node, conv_node):

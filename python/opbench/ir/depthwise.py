@@ -43,7 +43,8 @@ DEPTHWISE = ("aten", "taps", "auto")
 #: 1 and 8 in float32 and bfloat16, while nasnet (40, 74 % of their multiply-adds in 5x5 and 7x7 kernels) and
 #: mobilenet_v3_large (15, half in 5x5) ran 6-8 % slower at batch 8 in float32; a 7x7 sum of 49 loads also
 #: compiles for seconds. shufflenet_v2_x1_0 (19, all 3x3) is unfolded too, and its best schedule ran 5-7 % slower
-#: in three of its four rows, so ``auto`` is not the default (``docs/results.md``)
+#: in three of its four rows, its convolution -> batch norm -> ReLU chains copying their inputs to channels-last and
+#: back, so ``auto`` is not the default (``docs/results.md``)
 AUTO_TAPS = 9
 
 
