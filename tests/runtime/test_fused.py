@@ -904,6 +904,24 @@ with torch.no_grad():
     assert "compiled" not in built and "loaded" in built and equal == "True", later.stdout
 
 
+def test_chains_given_channels_last_inputs_compile_in_the_regions_and_equal_the_model(tmp_path, monkeypatch):
+    """``fuse_conv_relu(channels_last_inputs=True)`` (``scripts/exp_layout.py``'s ``taps_chains_cl``): the layout
+    changes it adds before each chain are traced, cut and compiled with the rest; outputs equal the model's."""
+    from functools import partial
+
+    from opbench.runtime import fused
+
+    torch.manual_seed(0)
+    model = Chains().eval()
+    x = torch.randn(1, 3, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(fused, "fuse_conv_relu", partial(fused.fuse_conv_relu, channels_last_inputs=True))
+    backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, conv_relu=True)
+    assert backend.conv_relu_chains == 5 and not backend.fallbacks
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+
+
 def test_the_source_digests_a_build_computes_in_a_thread_are_those_inductor_computes_itself(monkeypatch):
     """``hash_sources_meanwhile`` computes Inductor's digests of torch's and Triton's sources in a thread of its
     own, where Inductor keeps them; computed again in this thread, torch's is the same."""
