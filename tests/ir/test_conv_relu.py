@@ -109,6 +109,23 @@ def test_chains_can_take_their_inputs_channels_last():
         torch.testing.assert_close(hook.run(x), expected, rtol=1e-5, atol=1e-5)
     assert len(seen) == 2 and all(t.is_contiguous(memory_format=torch.channels_last) for t in seen)
 
+    class Siblings(torch.nn.Module):  # two chains that read one input: one copy for both
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 4, 1), torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.bn_a, self.bn_b = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.bn_a(self.a(x))) + torch.relu(self.bn_b(self.b(x)))
+
+    siblings = Siblings().eval()
+    gm = torch.fx.symbolic_trace(siblings)
+    assert fuse_conv_relu(gm, channels_last_inputs=True) == 2
+    copies = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "contiguous"]
+    assert len(copies) == 1 and all(n.args[0] is copies[0] for n in gm.graph.nodes if n.target is conv_bias_relu_op())
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), siblings(x), rtol=1e-5, atol=1e-5)
+
 
 def test_the_batch_norm_is_folded_in_float32_and_rounded_once():
     from opbench.ir.conv_relu import fold_batchnorm

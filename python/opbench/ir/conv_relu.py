@@ -216,7 +216,8 @@ def fuse_conv_relu(gm: Any, inputs: Any | None = None, channels_last_inputs: boo
     ``inputs`` (the graph's, on a GPU with cuDNN), only the chains whose shape cuDNN fuses (:func:`cudnn_fuses`).
 
     ``channels_last_inputs``: each call's input is made channels-last in the graph first (``contiguous(
-    memory_format=torch.channels_last)``, which does nothing to an input already so), where Inductor can write it
+    memory_format=torch.channels_last)``, once for the chains that share an input, and nothing to an input already
+    so), where Inductor can write it
     so in the kernel that makes it. cuDNN runs a fused chain channels-last: an input in PyTorch's layout (after
     shufflenet_v2_x1_0's channel shuffle, say) is otherwise copied inside the call, and its output copied back to
     the layout the call's input had (``scripts/exp_layout.py``'s ``taps_chains_cl`` variant).
@@ -231,6 +232,7 @@ def fuse_conv_relu(gm: Any, inputs: Any | None = None, channels_last_inputs: boo
     metas = _input_metas(gm, inputs, {found[0] for _, found in found_chains}) if device is not None else {}
     op = conv_bias_relu_op()
     chains, index, left = 0, 0, 0
+    made_cl: dict[Any, Any] = {}  # an input -> its channels-last copy, one for every chain that reads it
     for relu, (conv_node, conv, bn_node, bn) in found_chains:
         meta = metas.get(conv_node)
         if meta is not None and not cudnn_fuses(meta.shape, meta.dtype, device, conv.weight, conv.stride,
@@ -245,8 +247,10 @@ def fuse_conv_relu(gm: Any, inputs: Any | None = None, channels_last_inputs: boo
             gm.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
         with gm.graph.inserting_before(relu):
             x = conv_node.args[0]
-            if channels_last_inputs:
-                x = gm.graph.call_method("contiguous", (x,), {"memory_format": torch.channels_last})
+            if channels_last_inputs:  # chains in graph order: the first to read x makes the copy before the others
+                if x not in made_cl:
+                    made_cl[x] = gm.graph.call_method("contiguous", (x,), {"memory_format": torch.channels_last})
+                x = made_cl[x]
             fused = gm.graph.call_function(op, (x, *(gm.graph.get_attr(n) for n in names),
                                                 list(conv.stride), list(conv.padding), list(conv.dilation), 1))
         relu.replace_all_uses_with(fused)
