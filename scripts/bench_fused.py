@@ -68,7 +68,7 @@ BRANCHY = ("googlenet", "inception_v3", "nasnet", "randwire")
 DTYPE = "float32"  # --dtype
 COLD_CACHES = False  # --cold-caches
 LAYOUT = "inductor"  # --layout
-DEPTHWISE = "aten"  # --depthwise
+DEPTHWISE = "auto"  # --depthwise
 PIECE_OPS: int | None = None  # --piece-ops
 #: the row of --channels-last-compile
 CHANNELS_LAST_ROW = "torch.compile, channels-last weights"
@@ -115,7 +115,7 @@ def stem(name: str, batch: int, dtype: str) -> str:
     ``--piece-ops`` where they are not the default (so that runs of both in one ``--out`` keep apart, their cold
     builds too)."""
     return f"{name}_{batch}_{dtype}" + (f"_{LAYOUT}" if LAYOUT != "inductor" else "") \
-        + (f"_{DEPTHWISE}" if DEPTHWISE != "aten" else "") + (f"_pieces{PIECE_OPS}" if PIECE_OPS is not None else "")
+        + (f"_{DEPTHWISE}" if DEPTHWISE != "auto" else "") + (f"_pieces{PIECE_OPS}" if PIECE_OPS is not None else "")
 
 
 def caches_folder(out: Path, item: tuple[str, int, str]) -> Path:
@@ -584,10 +584,10 @@ def main() -> int:
     parser.add_argument("--layout", default="inductor", choices=("inductor", "pytorch"),
                         help="the fused capturer's region layout (capturer(layout=...)): inductor (channels-last "
                              "convolutions, the default) or pytorch (the model's own)")
-    parser.add_argument("--depthwise", default="aten", choices=("aten", "taps", "auto"),
+    parser.add_argument("--depthwise", default="auto", choices=("aten", "taps", "auto"),
                         help="how the fused capturer's regions run depthwise convolutions (capturer(depthwise=...)): "
-                             "aten (PyTorch's convolution, the default), taps (unfolded into the regions' kernels) "
-                             "or auto (taps where every depthwise convolution is at most 3x3)")
+                             "aten (PyTorch's convolution), taps (unfolded into the regions' kernels) or auto (taps "
+                             "where every depthwise convolution is at most 3x3, else aten; the default)")
     parser.add_argument("--piece-ops", type=int, default=None, metavar="N",
                         help="the most a fused region of a new cut weighs before it is cut into pieces that worker "
                              "processes compile at once (capturer(piece_ops=...); 0: no limit; default: the "

@@ -34,7 +34,7 @@ unfolded view of the input (``depthwise_taps(unrolled=False)``) instead of one s
 ``taps_chains_cl`` the same as ``taps`` with each chain's input made channels-last in the graph first
 (``fuse_conv_relu(channels_last_inputs=True)``): cuDNN runs a fused chain channels-last, and an input in PyTorch's
 layout (shufflenet_v2_x1_0's channel shuffle makes one) is otherwise copied inside the call and its output copied
-back (PyTorch's element-wise kernels in ``kernels_by_name``).
+back (PyTorch's element-wise kernels in ``kernels_by_name``); ``conv_relu_cl`` the same for ``conv_relu``.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models mobilenet_v3_large,nasnet
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_layout.py --out out --models googlenet \
@@ -64,16 +64,18 @@ VARIANTS = {"channels_last": {"layout_optimization": True}, "pytorch": {"layout_
             "max_autotune": {"max_autotune": True}, "weights_channels_last": {"layout_optimization": True},
             "conv_relu": {"layout_optimization": True}, "taps": {"layout_optimization": True},
             "taps_no_chains": {"layout_optimization": True}, "taps_window": {"layout_optimization": True},
-            "taps_chains_cl": {"layout_optimization": True}}
+            "taps_chains_cl": {"layout_optimization": True}, "conv_relu_cl": {"layout_optimization": True}}
 #: variants whose regions take their weights channels-last: ``weights_channels_last`` from a channels-last copy of
 #: the model (:func:`_variant_model`), ``conv_relu``, ``taps`` and ``taps_no_chains`` through ``FusedBackend``'s own
 #: step; the other variants are built with that step left out (:func:`build`)
 CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_chains", "taps_window",
-                         "taps_chains_cl"}
+                         "taps_chains_cl", "conv_relu_cl"}
+#: variants whose chains take channels-last inputs (``fuse_conv_relu(channels_last_inputs=True)``)
+CHAINS_CL = {"taps_chains_cl", "conv_relu_cl"}
 #: ``FusedBackend``'s arguments in each variant (else the default of none of its steps)
 BACKEND = {"conv_relu": {"conv_relu": True}, "taps": {"depthwise": "taps", "conv_relu": None},
            "taps_no_chains": {"depthwise": "taps"}, "taps_window": {"depthwise": "taps", "conv_relu": None},
-           "taps_chains_cl": {"depthwise": "taps", "conv_relu": None}}
+           "taps_chains_cl": {"depthwise": "taps", "conv_relu": None}, "conv_relu_cl": {"conv_relu": True}}
 
 
 def _variant_model(model: Any, layout: str) -> Any:
@@ -126,7 +128,7 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext(), \
             mock.patch.object(fused, "unfold_depthwise", window) if layout == "taps_window" else nullcontext(), \
-            mock.patch.object(fused, "fuse_conv_relu", chains_cl) if layout == "taps_chains_cl" else nullcontext():
+            mock.patch.object(fused, "fuse_conv_relu", chains_cl) if layout in CHAINS_CL else nullcontext():
         backend = fused.FusedBackend(model, [x], store=store, jobs=1,
                                      **({"conv_relu": False} | BACKEND.get(layout, {})))
     return backend, time.perf_counter() - clock

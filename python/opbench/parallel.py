@@ -91,8 +91,9 @@ def _in_dtype(model: Any, inputs: list[Any], dtype: str | None) -> tuple[Any, li
 RTOL = {"float32": 5e-2, "float64": 5e-2, "float16": 1e-1, "bfloat16": 2e-1, "tf32": 1e-1}
 #: the version of what a search measures, a part of every ``capturer(cache=...)`` key: raised when the candidates
 #: change, so that a choice kept before is searched again rather than rebuilt (2: combo kernels inside regions;
-#: 3: convolution -> batch norm -> ReLU chains as one cuDNN call)
-SEARCH_VERSION = 3
+#: 3: convolution -> batch norm -> ReLU chains as one cuDNN call; 4: ``depthwise="auto"`` the default, and the chains
+#: of a network with its depthwise convolutions unfolded given channels-last inputs)
+SEARCH_VERSION = 4
 
 
 def default_rtol(inputs: Sequence[Any]) -> float:
@@ -147,9 +148,10 @@ class CaptureOptions:
         if not isinstance(self.cache, bool) and self.cache != "schedule":
             raise OpBenchError(f"unknown capturer cache {self.cache!r} (accepted: False, True, 'schedule')")
         check_layout(self.layout)
-        if check_depthwise(self.depthwise) != DEFAULT_DEPTHWISE and self.kernels != "fused":
+        if check_depthwise(self.depthwise) == "taps" and self.kernels != "fused":
             raise OpBenchError(f"depthwise={self.depthwise!r} unfolds the depthwise convolutions of fused regions "
-                               f"(accepted with kernels='fused'; kernels={self.kernels!r} takes depthwise='aten')")
+                               f"(accepted with kernels='fused'; kernels={self.kernels!r} takes depthwise='aten' or "
+                               "'auto', which run PyTorch's convolution)")
         if check_piece_ops(self.piece_ops) is not None and self.kernels != "fused":
             raise OpBenchError(f"piece_ops={self.piece_ops!r} limits the regions of fused kernels (accepted with "
                                f"kernels='fused'; kernels={self.kernels!r} takes piece_ops=None)")
@@ -255,7 +257,8 @@ def _cache_file(model: Any, inputs: Sequence[Any], o: CaptureOptions) -> Path:
                                        "schedulers": [str(s) for s in o.schedulers or []], "sm": o.sm_partition,
                                        "compiled": o.compiled}
                        | ({"layout": o.layout} if o.layout != DEFAULT_LAYOUT else {})
-                       | ({"depthwise": o.depthwise} if o.depthwise != DEFAULT_DEPTHWISE else {})
+                       | ({"depthwise": o.depthwise} if o.kernels == "fused" and o.depthwise != DEFAULT_DEPTHWISE
+                          else {})
                        | ({"piece_ops": o.piece_ops} if o.piece_ops is not None else {}))
 
 
@@ -471,9 +474,10 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed;
     ``depthwise="taps"``: depthwise convolutions unfolded into sums of shifted products that Inductor compiles into
     the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels, ``"auto"`` so where
-    every depthwise convolution is at most 3x3 (:func:`opbench.ir.depthwise.auto_depthwise`); ``piece_ops``: the
-    most a fused region of a new cut weighs before it is cut into consecutive pieces that worker processes compile at
-    once, :class:`~opbench.runtime.fused.FusedBackend`'s; by default a limit only with ``depthwise="taps"``).
+    every depthwise convolution is at most 3x3 (:func:`opbench.ir.depthwise.auto_depthwise`; the default),
+    ``"aten"`` PyTorch's convolution; ``piece_ops``: the most a fused region of a new cut weighs before it is cut
+    into consecutive pieces that worker processes compile at once, :class:`~opbench.runtime.fused.FusedBackend`'s;
+    by default a limit only where depthwise convolutions are unfolded).
     The result is a
     :class:`CapturedSchedule` when a schedule beats every baseline by more than ``tolerance``, else the
     fastest baseline (:class:`~opbench.runtime.graphs.CapturedModel` or

@@ -922,6 +922,48 @@ def test_chains_given_channels_last_inputs_compile_in_the_regions_and_equal_the_
     torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
 
 
+class DepthwiseChains(torch.nn.Module):
+    """A ``BasicConv`` stem, a depthwise 3x3 convolution and two ``BasicConv`` branches after it: three chains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.dw = BasicConv(3, 8, 3), torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.a, self.b = BasicConv(8, 4, 1), BasicConv(8, 4, 3)
+
+    def forward(self, x):
+        x = self.dw(self.stem(x))
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
+@pytest.mark.parametrize("depthwise, unfolded", [("taps", True), ("aten", False)])
+def test_chains_take_channels_last_inputs_where_the_depthwise_convolutions_are_unfolded(depthwise, unfolded,
+                                                                                       monkeypatch):
+    """With its depthwise convolutions unfolded, a network's chains take their inputs channels-last (one copy for
+    the two branches that share one: the graph's ``contiguous`` calls); with PyTorch's convolution they take them
+    as they come. Outputs equal the model's either way (the regions run as they are here)."""
+    from opbench.runtime import fused
+
+    monkeypatch.setattr(fused.RegionCompiler, "compile_all",
+                        lambda self, regions: {name: (region, None) for name, region, *_ in regions})
+    seen = []
+
+    def spy(gm, inputs=None, channels_last_inputs=False):
+        chains = fused_conv_relu(gm, inputs, channels_last_inputs)
+        seen.append((channels_last_inputs, sum(n.target == "contiguous" for n in gm.graph.nodes)))
+        return chains
+
+    fused_conv_relu = fused.fuse_conv_relu
+    monkeypatch.setattr(fused, "fuse_conv_relu", spy)
+    torch.manual_seed(0)
+    model, x = DepthwiseChains().eval(), torch.randn(1, 3, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    backend = fused.FusedBackend(model, [x], store=None, conv_relu=True, depthwise=depthwise)
+    assert (backend.conv_relu_chains, bool(backend.depthwise_unfolded)) == (3, unfolded)
+    assert seen == [(unfolded, 2 if unfolded else 0)]  # the stem's input and the depthwise output, once each
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+
+
 def test_the_source_digests_a_build_computes_in_a_thread_are_those_inductor_computes_itself(monkeypatch):
     """``hash_sources_meanwhile`` computes Inductor's digests of torch's and Triton's sources in a thread of its
     own, where Inductor keeps them; computed again in this thread, torch's is the same."""

@@ -42,9 +42,10 @@ DEPTHWISE = ("aten", "taps", "auto")
 #: H200, randwire (48 depthwise convolutions, all 3x3) ran its kept schedule 16-31 % faster with ``taps`` at batch
 #: 1 and 8 in float32 and bfloat16, while nasnet (40, 74 % of their multiply-adds in 5x5 and 7x7 kernels) and
 #: mobilenet_v3_large (15, half in 5x5) ran 6-8 % slower at batch 8 in float32; a 7x7 sum of 49 loads also
-#: compiles for seconds. shufflenet_v2_x1_0 (19, all 3x3) is unfolded too, and its best schedule ran 5-7 % slower
-#: in three of its four rows, its convolution -> batch norm -> ReLU chains copying their inputs to channels-last and
-#: back, so ``auto`` is not the default (``docs/results.md``)
+#: compiles for seconds. shufflenet_v2_x1_0 (19, all 3x3) is unfolded too: its schedules ran 20-29 % faster than
+#: with PyTorch's convolution once its convolution -> batch norm -> ReLU chains took channels-last inputs (they had
+#: copied their inputs to channels-last and back, and run 5-7 % slower); ``auto`` is the default
+#: (``docs/results.md``)
 AUTO_TAPS = 9
 
 

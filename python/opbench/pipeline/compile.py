@@ -30,7 +30,7 @@ from ..models import Workload
 from ..profile.schedule import median, merge_cost, time_ops
 from ..runtime import BuiltModule, OperatorKernels, build_module
 from ..runtime.backend import KernelBackend, TorchBackend, TVMBackend
-from ..runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT
+from ..runtime.fused import DEFAULT_DEPTHWISE, DEFAULT_LAYOUT, SAVED_DEPTHWISE
 from ..runtime.target import tuning_target
 from .spec import Spec, SpecError, check_positive, overridden
 
@@ -198,12 +198,12 @@ class BackendSpec(Spec):
         convolutions); a saved fused schedule's ``meta["conv_relu"]``.
     depthwise:
         For fused kernels, how depthwise convolutions run (:data:`opbench.ir.depthwise.DEPTHWISE`:
-        ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution, by default; ``auto`` chooses for the
+        ``FusedBackend(depthwise=)``; ``aten``, PyTorch's convolution; ``auto``, the default, chooses for the
         network); a saved fused schedule's ``meta["depthwise"]`` (what was chosen).
     piece_ops:
         For fused kernels, the most a region of a new cut weighs before it is cut into pieces that worker processes
-        compile at once (``FusedBackend(piece_ops=)``; ``None``: its default, a limit only with ``depthwise="taps"``;
-        0: no limit).
+        compile at once (``FusedBackend(piece_ops=)``; ``None``: its default, a limit only where depthwise
+        convolutions are unfolded; 0: no limit).
     trace:
         How a torch model is traced (:data:`TORCH_TRACE`, shared by every caller).
     repeat, number:
@@ -321,7 +321,7 @@ def saved_cut(meta: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     return {"regions": regions, "merged": meta.get("merged") or None, "combo_regions": tuple(meta.get("combo") or ()),
             "layout": meta.get("layout") or DEFAULT_LAYOUT, "conv_relu": bool(meta.get("conv_relu", False)),
-            "depthwise": meta.get("depthwise") or DEFAULT_DEPTHWISE}
+            "depthwise": meta.get("depthwise") or SAVED_DEPTHWISE}
 
 
 #: how much faster (relative median) a region's combo-kernel code must run to be kept over its default code: at a

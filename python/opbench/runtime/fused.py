@@ -34,7 +34,6 @@ from typing import Any
 from ..errors import OpBenchError, first_line
 from ..ir.conv_relu import conv_bias_relu_op, fuse_conv_relu
 from ..ir.depthwise import (
-    DEPTHWISE,
     auto_depthwise,
     check_depthwise,
     depthwise_taps,
@@ -82,8 +81,10 @@ LAYOUTS = ("inductor", "pytorch")
 #: the layout regions are compiled in unless asked otherwise (and that of a schedule saved before layouts); keys and
 #: cache keys name only another one, so that code stored before layouts is found again
 DEFAULT_LAYOUT = LAYOUTS[0]
-#: how regions run depthwise convolutions unless asked otherwise (and in a schedule saved before the choice)
-DEFAULT_DEPTHWISE = DEPTHWISE[0]
+#: how regions run depthwise convolutions unless asked otherwise: ``auto`` (:data:`opbench.ir.depthwise.AUTO_TAPS`)
+DEFAULT_DEPTHWISE = "auto"
+#: how the regions of a schedule saved before the choice ran them: PyTorch's convolution
+SAVED_DEPTHWISE = "aten"
 #: the most a region of a new cut weighs (:func:`_compile_weights`: one per operator, a depthwise convolution
 #: unfolded one per tap) when its depthwise convolutions are unfolded (``FusedBackend(depthwise="taps")``): a heavier
 #: one is cut into consecutive pieces (:func:`opbench.ir.regions.split_heavy`) that worker processes compile at
@@ -1012,21 +1013,24 @@ class FusedBackend(TorchBackend):
         instead of 162, its greedy schedule 0.277 ms instead of 0.325 (H200, float32, batch 1;
         ``scripts/exp_layout.py``). ``True`` or ``False``: so; a saved schedule's ``meta["conv_relu"]``.
     depthwise:
-        How the regions run depthwise convolutions (:data:`opbench.ir.depthwise.DEPTHWISE`): ``aten`` (default),
-        PyTorch's convolution (cuDNN, in Inductor's layout), or ``taps``, unfolded into sums of shifted products
+        How the regions run depthwise convolutions (:data:`opbench.ir.depthwise.DEPTHWISE`): ``aten``, PyTorch's
+        convolution (cuDNN, in Inductor's layout), or ``taps``, unfolded into sums of shifted products
         before the cut (:func:`opbench.ir.depthwise.unfold_depthwise`), which Inductor compiles into the regions' own
         kernels. A model left without grouped convolutions then gets the ``conv_relu`` default and channels-last
-        weights of one that never had any, and its chains are fused only where cuDNN fuses their shape
-        (:func:`opbench.ir.conv_relu.fuse_conv_relu` given the inputs). A trade, measured on an H200
+        weights of one that never had any, and its chains are fused only where cuDNN fuses their shape, their
+        inputs made channels-last in the graph (:func:`opbench.ir.conv_relu.fuse_conv_relu` given the inputs;
+        shufflenet_v2_x1_0's sequential schedule ran 0.248 ms instead of 0.366 with the inputs as they came, and
+        0.349 with ``aten``: H200, batch 1, bfloat16). A trade, measured on an H200
         (``scripts/exp_layout.py``, ``scripts/bench_fused.py --depthwise taps``): randwire's kept schedule ran
         0.201 ms instead of 0.244 (batch 1, float32) and 0.276 instead of 0.398 ms (batch 8, bfloat16),
-        mobilenet_v3_large within 1 % at batch 1, shufflenet_v2_x1_0's schedules 4 % slower, and nasnet's and
+        mobilenet_v3_large within 1 % at batch 1, and nasnet's and
         mobilenet_v3_large's 6-8 % slower at batch 8 in float32; a later build makes no cuDNN plans for them
         (nasnet's 4.2-5.0 s instead of 8.5 at batch 1), but a cold build compiles longer, shared out by workers:
         nasnet's 27 s against a cold ``torch.compile``'s 38 s, mobilenet_v3_large's one region in eight pieces
-        (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). ``auto``: ``taps`` for a network whose depthwise
-        convolutions are all small (:func:`opbench.ir.depthwise.auto_depthwise`: at most 3x3, as randwire's), else
-        ``aten``; :attr:`depthwise` says which. A saved schedule's ``meta["depthwise"]`` (``aten`` or ``taps``).
+        (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). ``auto`` (default): ``taps`` for a network whose
+        depthwise convolutions are all small (:func:`opbench.ir.depthwise.auto_depthwise`: at most 3x3, as
+        randwire's and shufflenet_v2_x1_0's), else ``aten``; :attr:`depthwise` says which. A saved schedule's
+        ``meta["depthwise"]`` (``aten`` or ``taps``).
     piece_ops:
         The most a region of a new cut weighs (:func:`_compile_weights`) before it is cut into consecutive pieces
         that worker processes compile at once (:func:`opbench.ir.regions.split_heavy`): ``None`` (default),
@@ -1102,8 +1106,12 @@ class FusedBackend(TorchBackend):
         self.depthwise_unfolded = unfold_depthwise(gm) if self.depthwise == "taps" else 0
         if conv_relu is None:
             conv_relu = self.layout == "inductor" and _on_cuda(inputs) and not grouped_convolutions(gm)
-        # with depthwise convolutions unfolded, chains of shapes cuDNN does not fuse are left to Inductor
-        self.conv_relu_chains = fuse_conv_relu(gm, inputs if self.depthwise_unfolded else None) if conv_relu else 0
+        # with depthwise convolutions unfolded, chains of shapes cuDNN does not fuse are left to Inductor, and the
+        # inputs of the others made channels-last in the graph (cuDNN's layout for them; in a network with grouped
+        # convolutions or a channel shuffle many come in PyTorch's)
+        unfolded = bool(self.depthwise_unfolded)
+        self.conv_relu_chains = (fuse_conv_relu(gm, inputs if unfolded else None, channels_last_inputs=unfolded)
+                                 if conv_relu else 0)
         if self.layout == "inductor":
             gm = weights_channels_last(gm)
         ops, preds = fx_operator_dag(gm.graph)
@@ -1286,5 +1294,6 @@ def _on_cuda(inputs: Sequence[Any]) -> bool:
 
 
 # fx_module: opbench.ir.torch_graph's
-__all__ = ["DEFAULT_DEPTHWISE", "DEFAULT_LAYOUT", "LAYOUTS", "PIECE_OPS", "FusedBackend", "RegionCall",
-           "RegionCompiler", "check_layout", "check_piece_ops", "compile_region", "fx_module", "weights_channels_last"]
+__all__ = ["DEFAULT_DEPTHWISE", "DEFAULT_LAYOUT", "LAYOUTS", "PIECE_OPS", "SAVED_DEPTHWISE", "FusedBackend",
+           "RegionCall", "RegionCompiler", "check_layout", "check_piece_ops", "compile_region", "fx_module",
+           "weights_channels_last"]
