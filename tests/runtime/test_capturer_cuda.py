@@ -189,7 +189,7 @@ def test_a_captured_schedule_dumps_its_cuda_graph(tmp_path):
 def test_the_pytorch_layout_runs_depthwise_convolutions_on_pytorch_s_own_kernels(tmp_path):
     """Inductor's layout (channels-last) sends depthwise convolutions to cuDNN, whose plans take seconds in each new
     process; ``layout="pytorch"`` keeps the model's layout, where PyTorch runs them with its own kernels. Both equal
-    the model."""
+    the model (``depthwise="aten"``: the convolutions are PyTorch's, not unfolded as ``auto`` would for 3x3 ones)."""
     from opbench.runtime.executor import ParallelExecutor
     from opbench.runtime.fused import FusedBackend
     from opbench.schedule import get_scheduler
@@ -205,7 +205,7 @@ def test_the_pytorch_layout_runs_depthwise_convolutions_on_pytorch_s_own_kernels
         expected = model(x)
     ran = {}
     for layout in ("pytorch", "inductor"):
-        backend = FusedBackend(model, [x], store=tmp_path / layout, layout=layout)
+        backend = FusedBackend(model, [x], store=tmp_path / layout, layout=layout, depthwise="aten")
         (region,) = backend._calls.values()  # one chain: one region, called with the model's input
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.no_grad():
             region(x)
