@@ -1154,12 +1154,8 @@ class FusedBackend(TorchBackend):
         compiled: dict[str, Any] = {}
         self.fallbacks: dict[str, str] = {}
         folder, jobs = None if store is None else Path(store), compile_jobs(jobs)
-        # the pieces of heavy regions, and regions with depthwise convolutions unfolded, compile for seconds each
-        # when Inductor's caches are cold: workers start at once, without probes here first (shufflenet_v2_x1_0 at
-        # batch 8, H200 host, with probes: 19 of its 31 structures compiled here, workers started late for 12, the
-        # cold build 1.3x a cold torch.compile)
-        quick = in_pieces or bool(self.depthwise_unfolded)
-        compiler = RegionCompiler(folder, jobs, layout=layout, probes=0 if quick else PROBES)
+        # the pieces of heavy regions compile for seconds each: workers start at once, without probes here first
+        compiler = RegionCompiler(folder, jobs, layout=layout, probes=0 if in_pieces else PROBES)
         combo_compiler = RegionCompiler(folder, jobs, combo=True, layout=layout)
         children = [(name, region, seen[name], produced[name]) for name, region in split.named_children()
                     if name in seen]
