@@ -586,8 +586,8 @@ def main() -> int:
                              "convolutions, the default) or pytorch (the model's own)")
     parser.add_argument("--depthwise", default="auto", choices=("aten", "taps", "auto"),
                         help="how the fused capturer's regions run depthwise convolutions (capturer(depthwise=...)): "
-                             "aten (PyTorch's convolution), taps (unfolded into the regions' kernels) or auto (taps "
-                             "where every depthwise convolution is at most 3x3, else aten; the default)")
+                             "aten (PyTorch's convolution), taps (unfolded into the regions' kernels) or auto (on a "
+                             "GPU, taps where every depthwise convolution is at most 3x3, else aten; the default)")
     parser.add_argument("--piece-ops", type=int, default=None, metavar="N",
                         help="the most a fused region of a new cut weighs before it is cut into pieces that worker "
                              "processes compile at once (capturer(piece_ops=...); 0: no limit; default: the "

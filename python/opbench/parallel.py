@@ -474,7 +474,7 @@ def capturer(inputs: Any, model: Any, options: CaptureOptions | None = None, /, 
     with grouped convolutions need not wait seconds for cuDNN's channels-last plans, at a few percent of speed;
     ``depthwise="taps"``: depthwise convolutions unfolded into sums of shifted products that Inductor compiles into
     the regions' own kernels, :func:`opbench.ir.depthwise.unfold_depthwise`, for fused kernels, ``"auto"`` so where
-    every depthwise convolution is at most 3x3 (:func:`opbench.ir.depthwise.auto_depthwise`; the default),
+    every depthwise convolution is at most 3x3 on a GPU (:func:`opbench.ir.depthwise.auto_depthwise`; the default),
     ``"aten"`` PyTorch's convolution; ``piece_ops``: the most a fused region of a new cut weighs before it is cut
     into consecutive pieces that worker processes compile at once, :class:`~opbench.runtime.fused.FusedBackend`'s;
     by default a limit only where depthwise convolutions are unfolded).

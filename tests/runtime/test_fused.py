@@ -1057,20 +1057,24 @@ class ThreeByThree(torch.nn.Module):
         return self.pw_a(torch.relu(self.dw_a(x))).mean((2, 3)) + self.pw_b(torch.relu(self.dw_b(x))).mean((2, 3))
 
 
-def test_depthwise_auto_unfolds_a_network_of_3x3_ones_and_leaves_larger_ones_to_pytorch(monkeypatch):
-    """``depthwise="auto"``: a network whose depthwise convolutions are all 3x3 runs them unfolded, and its
-    schedule says ``taps``; one with a 5x5 (:class:`Separable`) keeps PyTorch's convolution and says ``aten``. The
-    regions run as they are here (what is chosen, not Inductor's compile, is under test)."""
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_depthwise_auto_unfolds_a_network_of_3x3_ones_and_leaves_larger_ones_to_pytorch(on_gpu, monkeypatch):
+    """``depthwise="auto"`` (the default): on a GPU (here the inputs taken for a GPU's), a network whose depthwise
+    convolutions are all 3x3 runs them unfolded, and its schedule says ``taps``; one with a 5x5
+    (:class:`Separable`) keeps PyTorch's convolution and says ``aten``. On the CPU both keep it. The regions run as
+    they are here (what is chosen, not Inductor's compile, is under test)."""
     from opbench.runtime import fused
 
     monkeypatch.setattr(fused.RegionCompiler, "compile_all",
                         lambda self, regions: {name: (region, None) for name, region, *_ in regions})
+    monkeypatch.setattr(fused, "_on_cuda", lambda inputs: on_gpu)
     torch.manual_seed(0)
     x = torch.randn(1, 3, 12, 12)
-    for model, chosen, unfolded in ((ThreeByThree().eval(), "taps", 2), (Separable().eval(), "aten", 0)):
+    for model, chosen, unfolded in ((ThreeByThree().eval(), "taps" if on_gpu else "aten", 2 if on_gpu else 0),
+                                    (Separable().eval(), "aten", 0)):
         with torch.no_grad():
             expected = model(x)
-        backend = fused.FusedBackend(model, [x], store=None, depthwise="auto")
+        backend = fused.FusedBackend(model, [x], store=None)
         assert (backend.depthwise, backend.depthwise_unfolded) == (chosen, unfolded)
         assert backend.schedule_meta()["depthwise"] == chosen  # a later build from the schedule takes the choice
         torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)

@@ -167,8 +167,8 @@ def _add_compare(sub: Any) -> None:
     k.add_argument("--depthwise", default=None, choices=DEPTHWISE,
                    help="with fused kernels, how the regions run depthwise convolutions: aten (PyTorch's "
                         "convolution), taps (unfolded into the regions' own kernels: later builds make no cuDNN "
-                        "plans for them, cold builds compile longer) or auto (taps where every depthwise "
-                        "convolution is at most 3x3, else aten; the default)")
+                        "plans for them, cold builds compile longer) or auto (on a GPU, taps where every "
+                        "depthwise convolution is at most 3x3, else aten; the default)")
     k.add_argument("--piece-ops", type=int, default=None, metavar="N",
                    help="with fused kernels, the most a region of a new cut weighs (an operator one, an unfolded "
                         "depthwise convolution one per tap) before it is cut into pieces that worker processes "

@@ -161,7 +161,7 @@ def auto_depthwise(gm: Any) -> str:
     """What ``depthwise="auto"`` runs the traced graph ``gm`` (a ``torch.fx.GraphModule``) with: ``taps`` when it
     calls depthwise convolutions that :func:`unfold_depthwise` unfolds, none of more than :data:`AUTO_TAPS` taps,
     and no other grouped convolution (:func:`grouped_convolutions`; one left would keep cuDNN's grouped path, and
-    its plans, in the regions); ``aten`` otherwise."""
+    its plans, in the regions); ``aten`` otherwise. A GPU's choice: on the CPU ``FusedBackend`` keeps ``aten``."""
     modules = dict(gm.named_modules())
     unfolded = {id(c): c for c in (_depthwise(node, modules) for node in gm.graph.nodes) if c is not None}
     if not unfolded or any(c.kernel_size[0] * c.kernel_size[1] > AUTO_TAPS for c in unfolded.values()):

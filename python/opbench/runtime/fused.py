@@ -1029,8 +1029,9 @@ class FusedBackend(TorchBackend):
         nasnet's 27 s against a cold ``torch.compile``'s 38 s, mobilenet_v3_large's one region in eight pieces
         (``piece_ops``) 18.8 s against 23.7 s (25.8 s whole). ``auto`` (default): ``taps`` for a network whose
         depthwise convolutions are all small (:func:`opbench.ir.depthwise.auto_depthwise`: at most 3x3, as
-        randwire's and shufflenet_v2_x1_0's), else ``aten``; :attr:`depthwise` says which. A saved schedule's
-        ``meta["depthwise"]`` (``aten`` or ``taps``).
+        randwire's and shufflenet_v2_x1_0's), else ``aten``, and ``aten`` on the CPU (there shufflenet_v2_x1_0's
+        sequential schedule took 1.7x as long unfolded: 28.9 against 17.3 ms, 2 cores, float32, batch 1);
+        :attr:`depthwise` says which. A saved schedule's ``meta["depthwise"]`` (``aten`` or ``taps``).
     piece_ops:
         The most a region of a new cut weighs (:func:`_compile_weights`) before it is cut into consecutive pieces
         that worker processes compile at once (:func:`opbench.ir.regions.split_heavy`): ``None`` (default),
@@ -1100,8 +1101,8 @@ class FusedBackend(TorchBackend):
         gm, self.source_trace = fx_module(model, inputs, trace)
         self._merged = merge_into_graph(gm, inputs, None if merge is True else merge) if merge else []
         conv_bias_relu_op()  # registered before a region that calls it is compiled or loaded
-        if self.depthwise == "auto":
-            self.depthwise = auto_depthwise(gm)
+        if self.depthwise == "auto":  # unfolded only on a GPU: on the CPU Inductor's sums ran slower
+            self.depthwise = auto_depthwise(gm) if _on_cuda(inputs) else "aten"
             log.info("depthwise='auto': %s for this network", self.depthwise)
         self.depthwise_unfolded = unfold_depthwise(gm) if self.depthwise == "taps" else 0
         if conv_relu is None:
