@@ -922,6 +922,39 @@ def test_chains_given_channels_last_inputs_compile_in_the_regions_and_equal_the_
     torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
 
 
+class PairInput(torch.nn.Module):
+    """A region that takes a tuple whole (``torch.chunk``'s outputs passed on, as after shufflenet's channel split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, pair):
+        return self.conv(pair[1]) + pair[0]
+
+
+def test_a_region_traced_with_a_tuple_input_means_the_same_after_pickling():
+    """``_aten_graph`` traces a region that takes a tuple with one placeholder per tensor, so that a worker's
+    pickled copy of the graph takes the same flat inputs and computes the same; both equal the region. Traced
+    with the tuple as one input, the copy took the tuple's first tensor for the tuple (an ``IndexError`` in
+    shufflenet_v2_x1_0's workers, whose structures the building process then compiled itself)."""
+    import pickle
+
+    from opbench.runtime import fused
+
+    torch.manual_seed(0)
+    region = PairInput().eval()
+    pair = (torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5))
+    names, tensors = fused._state(region)
+    graph, spec = fused._aten_graph(region, [pair], names, tensors)
+    assert sum(n.op == "placeholder" for n in graph.graph.nodes) == 2 + len(tensors)
+    with torch.no_grad():
+        expected = region(pair)
+        for g in (graph, pickle.loads(pickle.dumps(graph))):  # noqa: S301 (our own graph)
+            got = torch.utils._pytree.tree_unflatten(list(g(*pair, *tensors)), spec)
+            torch.testing.assert_close(got, expected)
+
+
 class DepthwiseChains(torch.nn.Module):
     """A ``BasicConv`` stem, a depthwise 3x3 convolution and two ``BasicConv`` branches after it: three chains."""
 

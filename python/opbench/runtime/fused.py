@@ -109,9 +109,8 @@ class RegionCall:
     alone or inside a tuple or list (a ``chunk``'s outputs passed on whole), is copied into the strides the
     code expects; :attr:`copies` counts those copies over every call (a CUDA Graph captures them once).
 
-    Compiled code takes its inputs flat, a tuple's tensors one by one (its ATen graph's placeholders): code
-    compiled here would also take the tuple, but code loaded from the store does not. A region that computes
-    nothing runs its ATen graph, which takes the inputs as the region does."""
+    Compiled code takes its inputs flat, a tuple's tensors one by one (its ATen graph's placeholders,
+    :func:`_aten_graph`), and so does the ATen graph that a region computing nothing runs."""
 
     def __init__(self, artifact: Any, tensors: Sequence[Any], spec: Any, inputs: Sequence[Any] = ()) -> None:
         import torch
@@ -121,7 +120,6 @@ class RegionCall:
         self.strides = [tuple(x.stride()) if isinstance(x, torch.Tensor) else None for x in leaves]
         # inputs that are all tensors need no flattening on each call
         self.flat = len(leaves) == len(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
-        self.takes_flat = not isinstance(artifact, torch.fx.GraphModule)  # compiled code, not an ATen graph
         self.copies = 0
 
     def __call__(self, *inputs: Any) -> Any:
@@ -129,10 +127,9 @@ class RegionCall:
 
         if self.flat:
             inputs = tuple(self._restrided(x, stride) for x, stride in zip(inputs, self.strides, strict=True))
-        elif self.strides:
-            leaves, tree = torch.utils._pytree.tree_flatten(list(inputs))
-            leaves = [self._restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True)]
-            inputs = tuple(leaves) if self.takes_flat else tuple(torch.utils._pytree.tree_unflatten(leaves, tree))
+        else:
+            leaves = torch.utils._pytree.tree_leaves(list(inputs))
+            inputs = tuple(self._restrided(x, stride) for x, stride in zip(leaves, self.strides, strict=True))
         return torch.utils._pytree.tree_unflatten(list(self.artifact(*inputs, *self.tensors)), self.spec)
 
     def differs(self, inputs: Sequence[Any]) -> bool:
@@ -178,23 +175,28 @@ def _state(region: Any) -> tuple[list[str], list[Any]]:
 
 
 def _aten_graph(region: Any, inputs: Sequence[Any], names: Sequence[str], tensors: Sequence[Any]) -> tuple[Any, Any]:
-    """``region`` traced to ATen operators (fake tensors: nothing runs) as a function of its inputs and then its
-    parameters and buffers (``names``, ``tensors``: :func:`_state`), returning a flat tuple; with the outputs'
-    tree structure."""
+    """``region`` traced to ATen operators (fake tensors: nothing runs) as a function of its inputs' tensors (a
+    tuple's one by one) and then its parameters and buffers (``names``, ``tensors``: :func:`_state`), returning a
+    flat tuple; with the outputs' tree structure.
+
+    Every placeholder is one tensor, so that the graph means the same after pickling (a worker's copy): traced with
+    a tuple as one input, its code took the tuple apart in a wrapper that pickling drops, and a worker took the
+    tuple's first tensor for the tuple (shufflenet_v2_x1_0's regions after its channel split)."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    leaves, tree = torch.utils._pytree.tree_flatten(list(inputs))
     spec: list[Any] = []
 
     def flat(*values: Any) -> tuple[Any, ...]:
-        out = torch.func.functional_call(region, dict(zip(names, values[len(inputs):], strict=True)),
-                                         tuple(values[:len(inputs)]))
-        leaves, tree = torch.utils._pytree.tree_flatten(out)
-        spec[:] = [tree]
-        return tuple(leaves)
+        args = torch.utils._pytree.tree_unflatten(list(values[:len(leaves)]), tree)
+        out = torch.func.functional_call(region, dict(zip(names, values[len(leaves):], strict=True)), tuple(args))
+        outs, out_tree = torch.utils._pytree.tree_flatten(out)
+        spec[:] = [out_tree]
+        return tuple(outs)
 
     with torch.no_grad():
-        graph = make_fx(flat, tracing_mode="fake")(*inputs, *tensors)
+        graph = make_fx(flat, tracing_mode="fake")(*leaves, *tensors)
     return graph, spec[0]
 
 
