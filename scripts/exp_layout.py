@@ -72,7 +72,7 @@ CHANNELS_LAST_WEIGHTS = {"weights_channels_last", "conv_relu", "taps", "taps_no_
                          "taps_chains_cl", "conv_relu_cl"}
 #: variants whose chains take channels-last inputs (``fuse_conv_relu(channels_last_inputs=True)``)
 CHAINS_CL = {"taps_chains_cl", "conv_relu_cl"}
-#: ``FusedBackend``'s arguments in each variant (else the default of none of its steps)
+#: ``FusedBackend``'s arguments in each variant (else none of its steps: no chains, PyTorch's depthwise convolution)
 BACKEND = {"conv_relu": {"conv_relu": True}, "taps": {"depthwise": "taps", "conv_relu": None},
            "taps_no_chains": {"depthwise": "taps"}, "taps_window": {"depthwise": "taps", "conv_relu": None},
            "taps_chains_cl": {"depthwise": "taps", "conv_relu": None}, "conv_relu_cl": {"conv_relu": True}}
@@ -130,7 +130,7 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
             mock.patch.object(fused, "unfold_depthwise", window) if layout == "taps_window" else nullcontext(), \
             mock.patch.object(fused, "fuse_conv_relu", chains_cl) if layout in CHAINS_CL else nullcontext():
         backend = fused.FusedBackend(model, [x], store=store, jobs=1,
-                                     **({"conv_relu": False} | BACKEND.get(layout, {})))
+                                     **({"conv_relu": False, "depthwise": "aten"} | BACKEND.get(layout, {})))
     return backend, time.perf_counter() - clock
 
 
