@@ -32,7 +32,8 @@ network has no other grouped convolution); ``taps_no_chains`` the same without t
 depthwise convolutions); ``taps_window`` the same as ``taps`` with the taps summed as one reduction over an
 unfolded view of the input (``depthwise_taps(unrolled=False)``) instead of one shifted product after another;
 ``taps_chains_cl`` the same as ``taps`` with each chain's input made channels-last in the graph first
-(``fuse_conv_relu(channels_last_inputs=True)``): cuDNN runs a fused chain channels-last, and an input in PyTorch's
+(``fuse_conv_relu(channels_last_inputs=True)``, what ``FusedBackend`` now does where it unfolds; ``taps`` keeps the
+chains' inputs as they come): cuDNN runs a fused chain channels-last, and an input in PyTorch's
 layout (shufflenet_v2_x1_0's channel shuffle makes one) is otherwise copied inside the call and its output copied
 back (PyTorch's element-wise kernels in ``kernels_by_name``); ``conv_relu_cl`` the same for ``conv_relu``.
 
@@ -123,12 +124,18 @@ def build(model: Any, x: Any, layout: str, store: Path) -> tuple[Any, float]:
 
     as_given = layout not in CHANNELS_LAST_WEIGHTS  # the weights as the model has them: the backend's step left out
     window = partial(fused.unfold_depthwise, unrolled=False)
-    chains_cl = partial(fused.fuse_conv_relu, channels_last_inputs=True)
+    fuse = fused.fuse_conv_relu
+
+    def chains(gm: Any, inputs: Any = None, channels_last_inputs: bool = False) -> int:
+        # the variant, not the backend, says how the chains take their inputs: ``taps`` as they come (the library
+        # gives unfolded networks' chains channels-last ones: ``taps_chains_cl``)
+        return fuse(gm, inputs, channels_last_inputs=layout in CHAINS_CL)
+
     clock = time.perf_counter()
     with torch._inductor.config.patch(VARIANTS[layout]), \
             mock.patch.object(fused, "weights_channels_last", lambda module: module) if as_given else nullcontext(), \
             mock.patch.object(fused, "unfold_depthwise", window) if layout == "taps_window" else nullcontext(), \
-            mock.patch.object(fused, "fuse_conv_relu", chains_cl) if layout in CHAINS_CL else nullcontext():
+            mock.patch.object(fused, "fuse_conv_relu", chains):
         backend = fused.FusedBackend(model, [x], store=store, jobs=1,
                                      **({"conv_relu": False, "depthwise": "aten"} | BACKEND.get(layout, {})))
     return backend, time.perf_counter() - clock

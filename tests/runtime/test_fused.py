@@ -904,21 +904,33 @@ with torch.no_grad():
     assert "compiled" not in built and "loaded" in built and equal == "True", later.stdout
 
 
-def test_chains_given_channels_last_inputs_compile_in_the_regions_and_equal_the_model(tmp_path, monkeypatch):
-    """``fuse_conv_relu(channels_last_inputs=True)`` (``scripts/exp_layout.py``'s ``taps_chains_cl``): the layout
-    changes it adds before each chain are traced, cut and compiled with the rest; outputs equal the model's."""
-    from functools import partial
+class DepthwiseChains(torch.nn.Module):
+    """A ``BasicConv`` stem, a depthwise 3x3 convolution and two ``BasicConv`` branches after it: three chains."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.dw = BasicConv(3, 8, 3), torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.a, self.b = BasicConv(8, 4, 1), BasicConv(8, 4, 3)
+
+    def forward(self, x):
+        x = self.dw(self.stem(x))
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
+def test_chains_given_channels_last_inputs_compile_in_the_regions_and_equal_the_model(tmp_path):
+    """Where depthwise convolutions are unfolded, ``FusedBackend`` gives the chains channels-last inputs
+    (``fuse_conv_relu(channels_last_inputs=True)``): the layout changes it adds before each chain are traced, cut and
+    compiled by Inductor with the rest; outputs equal the model's."""
     from opbench.runtime import fused
 
     torch.manual_seed(0)
-    model = Chains().eval()
+    model = DepthwiseChains().eval()
     x = torch.randn(1, 3, 10, 10)
     with torch.no_grad():
         expected = model(x)
-    monkeypatch.setattr(fused, "fuse_conv_relu", partial(fused.fuse_conv_relu, channels_last_inputs=True))
-    backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, conv_relu=True)
-    assert backend.conv_relu_chains == 5 and not backend.fallbacks
+    backend = fused.FusedBackend(model, [x], store=tmp_path, jobs=1, conv_relu=True, depthwise="taps")
+    assert (backend.conv_relu_chains, backend.depthwise_unfolded) == (3, 1) and not backend.fallbacks
+    assert backend.built.get("compiled", 0) > 0
     torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
 
 
@@ -953,19 +965,6 @@ def test_a_region_traced_with_a_tuple_input_means_the_same_after_pickling():
         for g in (graph, pickle.loads(pickle.dumps(graph))):  # noqa: S301 (our own graph)
             got = torch.utils._pytree.tree_unflatten(list(g(*pair, *tensors)), spec)
             torch.testing.assert_close(got, expected)
-
-
-class DepthwiseChains(torch.nn.Module):
-    """A ``BasicConv`` stem, a depthwise 3x3 convolution and two ``BasicConv`` branches after it: three chains."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem, self.dw = BasicConv(3, 8, 3), torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
-        self.a, self.b = BasicConv(8, 4, 1), BasicConv(8, 4, 3)
-
-    def forward(self, x):
-        x = self.dw(self.stem(x))
-        return torch.cat([self.a(x), self.b(x)], 1)
 
 
 @pytest.mark.parametrize("depthwise, unfolded", [("taps", True), ("aten", False)])
