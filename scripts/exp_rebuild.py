@@ -1,20 +1,25 @@
-"""What a later build of ``capturer(kernels="fused", cache=True)`` spends its seconds on, with two of its steps undone.
+"""What a later build of ``capturer(kernels="fused", cache=True)`` spends its seconds on, with one of its steps undone.
 
 A build from the cache loads every region's stored code, runs the model once to check it and captures the kept
-schedule, by default eight times, keeping the fastest capture. Two steps shorten it:
+schedule, by default eight times, keeping the fastest capture. Three steps shorten it:
 
 - the digests of torch's and Triton's sources that Inductor keys stored code by are computed in a thread of their
   own while the model is prepared (``opbench.runtime.fused.hash_sources_meanwhile``);
 - of the captures, one screening round picks the fastest ``FINALISTS``, and only those are timed in full
-  (``opbench.pipeline.compare.fastest_capture``).
+  (``opbench.pipeline.compare.fastest_capture``);
+- each region's code is run once (the check, and cuDNN's plans for its convolutions) in a thread of its own while
+  this thread loads the next regions (``opbench.runtime.fused.RUN_WHILE_LOADING``).
 
 For each model this script makes the cache with one build in a new process, then rebuilds from it ``--reps`` times
-in each of three variants, each rebuild a new process, the variants taking turns: as shipped, without the digest
-thread, and with every capture timed in full. It records each rebuild's seconds, its phases (load, captures), what
-it kept, the kept capture's time and its outputs' distance to the model's, and writes ``OUT/exp_rebuild.json``
-after every build (a run stopped part-way keeps the builds it finished).
+in each variant of ``--variants``, each rebuild a new process, the variants taking turns: as shipped, without the
+digest thread, with every capture timed in full, and with each region run after its load. It records each
+rebuild's seconds, its phases (load, runs, captures), what it kept, the kept capture's time and its outputs'
+distance to the model's, and writes ``OUT/exp_rebuild.json`` after every build (a run stopped part-way keeps the
+builds it finished).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models googlenet --batch 8
+    PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models nasnet --dtype bfloat16 \
+        --variants "as shipped,regions run after loading" --reps 4
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from _cli import as_child, bad_input, checked_models, in_child, measure_models, 
 from bench_fused import stem
 
 #: the variants a rebuild runs in: as shipped, and with one step undone
-VARIANTS = ("as shipped", "no source digests", "every capture timed in full")
+VARIANTS = ("as shipped", "no source digests", "every capture timed in full", "regions run after loading")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -48,6 +53,8 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
         fused.hash_sources_meanwhile = lambda: None
     elif variant == "every capture timed in full":
         compare.FINALISTS = 1 << 30
+    elif variant == "regions run after loading":
+        fused.RUN_WHILE_LOADING = False
     bench_fused.DTYPE = args.dtype
     torch.manual_seed(0)
     model, inputs = bench_fused.load(name, args.batch)
@@ -77,26 +84,31 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
     print(f"{name}: first build {first.get('build_s', float('nan')):.1f} s, kept {first.get('kept')}", flush=True)
     rebuilds: list[dict[str, Any]] = []
     row = {"model": name, "batch": args.batch, "dtype": args.dtype, "first": first, "rebuilds": rebuilds}
+    variants = args.variants
     for r in range(args.reps):
-        for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+        for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
             rebuilds.append(in_new_process(name, args, variant, cache))
             save(row)
             got = rebuilds[-1]
             print(f"{name}: {variant:<28} {got.get('build_s', float('nan')):5.2f} s (load "
-                  f"{got.get('phases', {}).get('regions_time_load_s', float('nan')):.2f}, captures "
+                  f"{got.get('phases', {}).get('regions_time_load_s', float('nan')):.2f}, runs "
+                  f"{got.get('phases', {}).get('regions_time_run_s', float('nan')):.2f}, captures "
                   f"{got.get('phases', {}).get('captures_s', 0.0):.2f}), kept {got.get('kept')} "
                   f"{got.get('latency_ms', float('nan')):.4f} ms {got.get('error', '')}", flush=True)
     summary = {}
-    for variant in VARIANTS:
+    for variant in variants:
         done = [g for g in rebuilds if g["variant"] == variant and "error" not in g]
         if done:
             summary[variant] = {
                 "build_s": statistics.median(g["build_s"] for g in done),
                 "load_s": statistics.median(g["phases"].get("regions_time_load_s", 0.0) for g in done),
+                "run_s": statistics.median(g["phases"].get("regions_time_run_s", 0.0) for g in done),
+                "run_waited_s": statistics.median(g["phases"].get("regions_time_run_waited_s", 0.0) for g in done),
                 "captures_s": statistics.median(g["phases"].get("captures_s", 0.0) for g in done),
                 "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done)}
     for variant, s in summary.items():
-        print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, captures "
+        print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, runs {s['run_s']:.2f}, "
+              f"waited {s['run_waited_s']:.2f}, captures "
               f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms", flush=True)
     return row | {"summary": summary}
 
@@ -105,11 +117,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_device_args(parser, "googlenet")
     parser.add_argument("--reps", type=int, default=3, help="rebuilds of each variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"the rebuilds' variants, comma-separated (default: all of {', '.join(VARIANTS)})")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a build may take")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:  # one build, in this new process
         return as_child(args, lambda: build(args.models, args, args.child))
+    args.variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        bad_input(f"--variants {','.join(unknown) or repr('')}: accepted: comma-separated names of "
+                  f"{', '.join(VARIANTS)}")
     if args.reps < 1 or args.timeout <= 0:
         bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more rebuilds, a positive timeout")
     if args.device != "cuda":

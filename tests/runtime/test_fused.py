@@ -193,7 +193,9 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     for entry, key in right.items():
         entry.write_text(json.dumps(dict(json.loads(entry.read_text()),
                                          key=next(k for k in sorted(set(right.values())) if k != key))))
-    assert built(tmp_path).built == second.built  # outputs equal the model's (checked in built)
+    misled = built(tmp_path).built  # outputs equal the model's (checked in built)
+    # nothing compiled; a structure loaded for a region it misled may serve the region whose code it is (shared)
+    assert set(misled) == {"loaded", "shared"} and sum(misled.values()) == n
     assert {e: json.loads(e.read_text())["key"] for e in entries} == right  # each entry written again, right
     stored[0].write_bytes(b"torn")  # a stored region that cannot be loaded is compiled again
     third = built(tmp_path)
@@ -239,6 +241,42 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     assert built(tmp_path / "unstored").built["compiled"] == first.built["compiled"]
     assert len(list((tmp_path / "unstored").glob("*.unstored"))) == first.built["compiled"]
     assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_later_build_runs_each_structure_once_in_a_thread_while_it_loads_the_rest(ahead, tmp_path, monkeypatch):
+    """A later build (nothing to compile) hands each structure's first run to a thread of its own while this
+    thread loads the next regions (``RUN_WHILE_LOADING``); it loads and runs what the build without it does, and a
+    cold build (something to compile) runs in this thread as before."""
+    import threading
+
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(fused, "RUN_WHILE_LOADING", ahead)
+    runs: list[tuple[int, str]] = []
+    check = fused.RegionCompiler._check
+
+    def seen(call, *args):
+        runs.append((id(call.artifact), threading.current_thread().name))
+        return check(call, *args)
+
+    monkeypatch.setattr(fused.RegionCompiler, "_check", staticmethod(seen))
+    cold = FusedBackend(model, [x], store=tmp_path)
+    assert {name for _, name in runs} == {threading.current_thread().name}
+    runs.clear()
+    later = FusedBackend(model, [x], store=tmp_path)
+    torch.testing.assert_close(_greedy(later)[0], expected, rtol=1e-4, atol=1e-5)
+    assert later.built == {"loaded": cold.built["compiled"], "shared": cold.built["shared"]}
+    # each structure ran once, in the thread of runs when asked for and here otherwise
+    assert len(runs) == len({a for a, _ in runs}) == cold.built["compiled"]
+    threads = {name for _, name in runs}
+    assert threads == ({"opbench-region-runs_0"} if ahead else {threading.current_thread().name})
+    assert later.compile_seconds["run"] > 0 and ("run_waited" in later.compile_seconds) == ahead
 
 
 def test_a_structure_a_probe_could_not_compile_is_not_compiled_again(tmp_path, monkeypatch):

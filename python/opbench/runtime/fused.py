@@ -21,6 +21,7 @@ To the schedulers and the executor the regions are ordinary operators: it is a
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -96,6 +97,11 @@ PIECE_OPS = 56
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
+#: whether a later build (every region's code stored or shared: nothing to compile) runs each region's code once in
+#: a thread of its own while this thread loads the next ones (:meth:`RegionCompiler._run_ahead`). A first run makes
+#: cuDNN's plan for each convolution shape, which takes seconds in all and happens in C++ without the GIL, while
+#: loading is Python: the two overlap
+RUN_WHILE_LOADING = True
 
 
 class RegionCall:
@@ -412,6 +418,16 @@ class _Traced:
     spec: Any
     key: str
     quick: str | None
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """A region's code loaded by :meth:`RegionCompiler._run_ahead`: its call, how it came (a key of
+    :attr:`RegionCompiler.counts`) and the future of its first run (None: another region of its structure runs)."""
+
+    call: RegionCall
+    how: str
+    run: Any
 
 
 def torch_bytecode_found() -> bool:
@@ -735,33 +751,99 @@ class RegionCompiler:
                 except Exception as err:  # raised again, not compiled again, where the region is built
                     self._refused[key] = err
                 seconds.append(time.perf_counter() - clock)
+        pool = None
         try:
-            return {name: self._one(name, region, inputs, outputs, traced[name])
+            ahead: dict[str, _Ahead] = {}
+            if RUN_WHILE_LOADING and len(regions) > 1 and all(self._ready(t) for t in traced.values()):
+                pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opbench-region-runs")
+                ahead = self._run_ahead(regions, traced, pool)
+            return {name: self._one(name, region, inputs, outputs, traced[name], ahead.get(name))
                     for name, region, inputs, outputs in regions}
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             self._stop_workers()
 
-    def _one(self, name: str, region: Any, inputs: Sequence[Any], outputs: Any,
-             traced: _Traced | None) -> tuple[Any, str | None]:
+    def _ready(self, traced: _Traced | None) -> bool:
+        """Whether the region's code is there without compiling: stored, built earlier in this build, or none
+        needed (it computes nothing)."""
+        if traced is None:  # torch.compile's way
+            return False
+        if traced.key == NO_OPERATORS or traced.graph is None or traced.key in self._built:
+            return True
+        path = self._path(traced.key)
+        return _no_operators(traced.graph) or (path is not None and path.is_file() and not _has_constants(
+            traced.graph))
+
+    def _run_ahead(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]], traced: dict[str, _Traced | None],
+                   pool: Any) -> dict[str, _Ahead]:
+        """Load every region's code in order, handing each structure's first run (:meth:`_check`) to ``pool``'s
+        one thread as soon as its code is loaded, on this thread's stream: name -> what :meth:`_one` takes. A
+        region whose code does not load here is left out (:meth:`_one` builds it as without this)."""
         import torch
 
+        stream = None
+        device = next((x.device for _, _, inputs, _ in regions for x in torch.utils._pytree.tree_leaves(list(inputs))
+                       if isinstance(x, torch.Tensor) and x.is_cuda), None)
+        if device is not None:
+            stream = torch.cuda.current_stream(device)
+        ahead: dict[str, _Ahead] = {}
+        submitted: set[tuple[str, str | None]] = set()
+        for name, _, inputs, outputs in regions:
+            t = traced[name]
+            if t is None or t.key == NO_OPERATORS:
+                continue
+            try:
+                artifact, how = self._artifact(t.graph, t.values, t.key)
+            except Exception as err:  # built again, and handled, where the region's turn comes
+                log.debug("region %s: not loaded ahead (%s)", name, first_line(err))
+                continue
+            call = RegionCall(artifact, t.tensors, t.spec, inputs)
+            checked = (t.key, t.quick if t.graph is None else None)
+            run = None
+            if checked not in self._checked and checked not in submitted:
+                submitted.add(checked)
+                run = pool.submit(self._check, call, inputs, outputs, t.graph is None, stream)
+            ahead[name] = _Ahead(call, how, run)
+        return ahead
+
+    @staticmethod
+    def _check(call: RegionCall, inputs: Sequence[Any], outputs: Any, compare: bool, stream: Any = None) -> float:
+        """Run ``call`` once on ``inputs`` (on ``stream`` where given) and, with ``compare``, raise when its outputs
+        are not close to ``outputs``; returns the seconds it took."""
+        import torch
+
+        clock = time.perf_counter()
+        with torch.no_grad(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            got = call(*inputs)
+            if compare and not _close(got, outputs):  # found by a quick key that misled
+                raise ValueError("its outputs differ from the region's")
+        return time.perf_counter() - clock
+
+    def _one(self, name: str, region: Any, inputs: Sequence[Any], outputs: Any,
+             traced: _Traced | None, ahead: _Ahead | None = None) -> tuple[Any, str | None]:
         if traced is not None and traced.key == NO_OPERATORS:  # its entry says it computes nothing
             self._count("no_operators")
             return region, None
         if traced is not None:
             try:
-                artifact, how = self._artifact(traced.graph, traced.values, traced.key)
-                call = RegionCall(artifact, traced.tensors, traced.spec, inputs)
+                if ahead is not None:  # loaded by :meth:`_run_ahead`, and maybe run there
+                    call, how = ahead.call, ahead.how
+                else:
+                    artifact, how = self._artifact(traced.graph, traced.values, traced.key)
+                    call = RegionCall(artifact, traced.tensors, traced.spec, inputs)
                 # what an earlier region of this build ran and checked needs no run: the same code on values
                 # of the same metadata (a quick key's link to its artifact is checked once for each quick key)
                 checked = (traced.key, traced.quick if traced.graph is None else None)
                 if checked not in self._checked:
-                    clock = time.perf_counter()
-                    with torch.no_grad():
-                        got = call(*inputs)
-                    self._lap("run", clock)
-                    if traced.graph is None and not _close(got, outputs):  # found by a quick key that misled
-                        raise ValueError("its outputs differ from the region's")
+                    if ahead is not None and ahead.run is not None:
+                        clock = time.perf_counter()
+                        self.seconds["run"] = self.seconds.get("run", 0.0) + ahead.run.result()
+                        self._lap("run_waited", clock)
+                    else:
+                        clock = time.perf_counter()
+                        self._check(call, inputs, outputs, traced.graph is None)
+                        self._lap("run", clock)
                     self._checked.add(checked)
                 self._count(how)
                 self._remember(traced)
