@@ -7,19 +7,19 @@ schedule, by default eight times, keeping the fastest capture. Three steps short
   own while the model is prepared (``opbench.runtime.fused.hash_sources_meanwhile``);
 - of the captures, one screening round picks the fastest ``FINALISTS``, and only those are timed in full
   (``opbench.pipeline.compare.fastest_capture``);
-- each region's code is run once (the check, and cuDNN's plans for its convolutions) in a thread of its own while
-  this thread loads the next regions (``opbench.runtime.fused.RUN_WHILE_LOADING``).
+- the regions' code is loaded in a thread of its own while this thread runs each loaded region once (the check,
+  and cuDNN's plans for its convolutions; ``opbench.runtime.fused.LOAD_WHILE_RUNNING``).
 
 For each model this script makes the cache with one build in a new process, then rebuilds from it ``--reps`` times
 in each variant of ``--variants``, each rebuild a new process, the variants taking turns: as shipped, without the
-digest thread, with every capture timed in full, and with each region run after its load. It records each
+digest thread, with every capture timed in full, and with every load in this thread. It records each
 rebuild's seconds, its phases (load, runs, captures), what it kept, the kept capture's time and its outputs'
 distance to the model's, and writes ``OUT/exp_rebuild.json`` after every build (a run stopped part-way keeps the
 builds it finished).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models googlenet --batch 8
     PYTHONPATH=python python3 scripts/exp_rebuild.py --out out --models nasnet --dtype bfloat16 \
-        --variants "as shipped,regions run after loading" --reps 4
+        --variants "as shipped,no loads while running" --reps 4
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from _cli import as_child, bad_input, checked_models, in_child, measure_models, 
 from bench_fused import stem
 
 #: the variants a rebuild runs in: as shipped, and with one step undone
-VARIANTS = ("as shipped", "no source digests", "every capture timed in full", "regions run after loading")
+VARIANTS = ("as shipped", "no source digests", "every capture timed in full", "no loads while running")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -53,8 +53,9 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
         fused.hash_sources_meanwhile = lambda: None
     elif variant == "every capture timed in full":
         compare.FINALISTS = 1 << 30
-    elif variant == "regions run after loading":
-        fused.RUN_WHILE_LOADING = False
+    elif variant == "no loads while running":
+        fused.LOAD_WHILE_RUNNING = False
+    steps = _timed_steps(fused)
     bench_fused.DTYPE = args.dtype
     torch.manual_seed(0)
     model, inputs = bench_fused.load(name, args.batch)
@@ -68,7 +69,28 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
         err = bench_fused.relative_err(run(*inputs), reference)
     return {"variant": variant, "build_s": seconds, "phases": run.phases, "kept": kept["schedule"],
             "latency_ms": kept["latency_ms"], "captures_ms": kept.get("captures_ms"),
-            "finalists": kept.get("finalists"), "err": err}
+            "finalists": kept.get("finalists"), "err": err, "steps_s": steps}
+
+
+def _timed_steps(fused: Any) -> dict[str, float]:
+    """Seconds, summed over the build, of the steps of building the regions (each compiler's ``compile_all``, the
+    pass that runs the compiled regions once for the strides they are handed, the whole ``FusedBackend``), filled
+    in as the build goes: the time its phases leave out."""
+    steps: dict[str, float] = {}
+
+    def timed(step: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            clock = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                steps[step] = steps.get(step, 0.0) + time.perf_counter() - clock
+        return wrapper
+
+    fused.RegionCompiler.compile_all = timed("compile_all", fused.RegionCompiler.compile_all)
+    fused._compile_for_handed_strides = timed("strides_pass", fused._compile_for_handed_strides)
+    fused.FusedBackend.__init__ = timed("fused_backend", fused.FusedBackend.__init__)
+    return steps
 
 
 def in_new_process(name: str, args: Any, variant: str, cache: Path) -> dict[str, Any]:
@@ -103,12 +125,13 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                 "build_s": statistics.median(g["build_s"] for g in done),
                 "load_s": statistics.median(g["phases"].get("regions_time_load_s", 0.0) for g in done),
                 "run_s": statistics.median(g["phases"].get("regions_time_run_s", 0.0) for g in done),
-                "run_waited_s": statistics.median(g["phases"].get("regions_time_run_waited_s", 0.0) for g in done),
+                "load_waited_s": statistics.median(g["phases"].get("regions_time_load_waited_s", 0.0) for g in done),
+                "strides_pass_s": statistics.median(g.get("steps_s", {}).get("strides_pass", 0.0) for g in done),
                 "captures_s": statistics.median(g["phases"].get("captures_s", 0.0) for g in done),
                 "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done)}
     for variant, s in summary.items():
         print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, runs {s['run_s']:.2f}, "
-              f"waited {s['run_waited_s']:.2f}, captures "
+              f"waited {s['load_waited_s']:.2f}, strides pass {s['strides_pass_s']:.2f}, captures "
               f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms", flush=True)
     return row | {"summary": summary}
 

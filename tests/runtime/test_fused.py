@@ -244,10 +244,12 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_a_later_build_runs_each_structure_once_in_a_thread_while_it_loads_the_rest(ahead, tmp_path, monkeypatch):
-    """A later build (nothing to compile) hands each structure's first run to a thread of its own while this
-    thread loads the next regions (``RUN_WHILE_LOADING``); it loads and runs what the build without it does, and a
-    cold build (something to compile) runs in this thread as before."""
+def test_a_later_build_loads_regions_in_a_thread_while_it_runs_each_structure_once_here(ahead, tmp_path,
+                                                                                         monkeypatch):
+    """A later build (nothing to compile) loads the regions' code in a thread of its own (``LOAD_WHILE_RUNNING``)
+    while this thread makes the plans of the convolutions the first build saw and runs each structure once (cuDNN
+    keeps its plans per thread); it loads and runs what the build without it does, and a cold build (something to
+    compile) compiles here."""
     import threading
 
     from opbench.runtime import fused
@@ -257,26 +259,81 @@ def test_a_later_build_runs_each_structure_once_in_a_thread_while_it_loads_the_r
     model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
     with torch.no_grad():
         expected = model(x)
-    monkeypatch.setattr(fused, "RUN_WHILE_LOADING", ahead)
+    monkeypatch.setattr(fused, "LOAD_WHILE_RUNNING", ahead)
+    here = threading.current_thread().name
     runs: list[tuple[int, str]] = []
-    check = fused.RegionCompiler._check
+    loads: list[str] = []
+    check, artifact = fused.RegionCompiler._check, fused.RegionCompiler._artifact_here
 
-    def seen(call, *args):
+    def run_seen(call, *args):
         runs.append((id(call.artifact), threading.current_thread().name))
         return check(call, *args)
 
-    monkeypatch.setattr(fused.RegionCompiler, "_check", staticmethod(seen))
+    def load_seen(self, *args):
+        loads.append(threading.current_thread().name)
+        return artifact(self, *args)
+
+    plans: list[tuple[list, str]] = []
+    monkeypatch.setattr(fused.RegionCompiler, "_check", staticmethod(run_seen))
+    monkeypatch.setattr(fused.RegionCompiler, "_artifact_here", load_seen)
+    monkeypatch.setattr(fused, "make_plans", lambda calls, device: plans.append((calls, device.type)))
     cold = FusedBackend(model, [x], store=tmp_path)
-    assert {name for _, name in runs} == {threading.current_thread().name}
+    assert set(loads) == {name for _, name in runs} == {here} and not plans
+    # the index entries keep the convolutions each structure's code called: the stem's and the squeeze's, and the
+    # 1x1 and 3x3 ones of the blocks (the two blocks' of one structure noted once)
+    entries = [json.loads(e.read_text()) for e in sorted((tmp_path / "index").glob("*.json"))]
+    seen = [c for e in entries for c in e.get("convolutions", [])]
+    assert all(c[0][0][2:] == [10, 10] and c[1][0][0] == 8 and c[2] == "float32" for c in seen)
+    assert sorted(tuple(c[1][0][1:]) for c in seen) == [(8, 1, 1), (8, 1, 1), (8, 3, 3), (8, 3, 3), (8, 3, 3),
+                                                        (24, 1, 1)]
     runs.clear()
+    loads.clear()
     later = FusedBackend(model, [x], store=tmp_path)
     torch.testing.assert_close(_greedy(later)[0], expected, rtol=1e-4, atol=1e-5)
     assert later.built == {"loaded": cold.built["compiled"], "shared": cold.built["shared"]}
-    # each structure ran once, in the thread of runs when asked for and here otherwise
-    assert len(runs) == len({a for a, _ in runs}) == cold.built["compiled"]
-    threads = {name for _, name in runs}
-    assert threads == ({"opbench-region-runs_0"} if ahead else {threading.current_thread().name})
-    assert later.compile_seconds["run"] > 0 and ("run_waited" in later.compile_seconds) == ahead
+    # each structure ran once, here; every region's code was loaded in the thread of loads, and the plans of the
+    # convolutions the entries name were made here first, each structure's once
+    assert len(runs) == len({a for a, _ in runs}) == cold.built["compiled"] and {name for _, name in runs} == {here}
+    assert len(loads) == len(later.regions)
+    assert set(loads) == ({"opbench-region-loads_0"} if ahead else {here})
+    unique = sorted({json.dumps(c) for c in seen})
+    assert [(sorted(json.dumps(c) for c in calls), device) for calls, device in plans] == (
+        [(unique, "cpu")] if ahead else [])
+    assert later.compile_seconds["load"] > 0 and ("load_waited" in later.compile_seconds) == ahead
+
+
+def test_the_plans_made_ahead_run_each_convolution_seen_on_tensors_of_its_shape_strides_and_alignment(monkeypatch):
+    """``make_plans`` calls each convolution ``ConvolutionsSeen`` noted with tensors of the same shapes, strides,
+    offsets from a 256-byte boundary and dtype (what cuDNN keys its plans by), on a GPU (on the CPU there is nothing
+    to plan: it runs nothing)."""
+    from opbench.runtime import fused
+
+    # channels-last, one element past the start of its storage (which starts on a 64-byte boundary at least)
+    x = torch.randn(2 * 8 * 8 * 16 + 1)[1:].view(2, 8, 8, 16).permute(0, 3, 1, 2)
+    w = torch.randn(16, 1, 3, 3, dtype=torch.float32)
+    with fused.ConvolutionsSeen() as seen:
+        expected = torch.convolution(x, w, torch.zeros(16), [1, 1], [1, 1], [1, 1], False, [0, 0], 16)
+        torch.nn.functional.conv_transpose2d(torch.randn(1, 4, 5, 5), torch.randn(4, 3, 2, 2), stride=2)
+    assert len(seen.calls) == 2 and json.loads(json.dumps(seen.calls)) == seen.calls
+    (xs, xt, xo), (ws, wt, wo), dtype, bias, *params = seen.calls[0]
+    assert (xs, xt, xo) == (list(x.shape), list(x.stride()), x.data_ptr() % 256) and xo != 0
+    assert (ws, wt, dtype, bias, params) == ([16, 1, 3, 3], list(w.stride()), "float32", True,
+                                             [[1, 1], [1, 1], [1, 1], False, [0, 0], 16])
+    assert seen.calls[1][-3] is True  # transposed
+    assert expected.shape == (2, 16, 8, 8)
+    assert fused.make_plans(seen.calls, torch.device("cpu")) == 0
+    made = []
+    convolution = torch.convolution
+
+    def called(x, w, bias, *params):
+        made.append(([list(x.shape), list(x.stride()), x.data_ptr() % 256], [list(w.shape), list(w.stride())],
+                     None if bias is None else list(bias.shape), list(params)))
+        return convolution(x, w, bias, *params)
+
+    monkeypatch.setattr(torch, "convolution", called)
+    assert fused._run_convolutions(seen.calls, torch.device("cpu")) == 2  # as on a GPU
+    assert made[0][0] == [xs, xt, xo] and made[0][1] == [ws, wt] and made[0][2] == [16]
+    assert made[1][2] is None and made[1][3][3] is True
 
 
 def test_a_structure_a_probe_could_not_compile_is_not_compiled_again(tmp_path, monkeypatch):

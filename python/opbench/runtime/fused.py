@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -97,11 +98,15 @@ PIECE_OPS = 56
 #: the longest a build waits for a worker's combo-kernel code (:meth:`RegionCompiler.start`) before it compiles
 #: that code itself (a cold compile of densenet121's one region takes 21-23 s)
 WAIT_S = 300.0
-#: whether a later build (every region's code stored or shared: nothing to compile) runs each region's code once in
-#: a thread of its own while this thread loads the next ones (:meth:`RegionCompiler._run_ahead`). A first run makes
-#: cuDNN's plan for each convolution shape, which takes seconds in all and happens in C++ without the GIL, while
-#: loading is Python: the two overlap
-RUN_WHILE_LOADING = True
+#: whether a later build (every region's code stored or shared: nothing to compile) loads the regions' code in a
+#: thread of its own (:meth:`RegionCompiler._load_ahead`) while this thread makes cuDNN's plans for the convolutions
+#: that code calls (:func:`make_plans`, from what the build that stored it saw: :class:`ConvolutionsSeen`) and then
+#: runs each loaded region once. A plan takes long to make for a grouped convolution channels-last, seconds in all
+#: on nasnet, in C++ without the GIL, while loading is Python (and the first load imports Inductor's runtime): the
+#: two overlap. Plans and runs stay on this thread: PyTorch keeps cuDNN's plans per thread, so plans made on another
+#: one would be made again here (a later build of nasnet that ran its regions on a thread of their own took 6.5 s
+#: against 5.0 s, H200)
+LOAD_WHILE_RUNNING = True
 
 
 class RegionCall:
@@ -420,16 +425,6 @@ class _Traced:
     quick: str | None
 
 
-@dataclasses.dataclass
-class _Ahead:
-    """A region's code loaded by :meth:`RegionCompiler._run_ahead`: its call, how it came (a key of
-    :attr:`RegionCompiler.counts`) and the future of its first run (None: another region of its structure runs)."""
-
-    call: RegionCall
-    how: str
-    run: Any
-
-
 def torch_bytecode_found() -> bool:
     """Whether this process finds torch's Inductor modules compiled to bytecode (where ``sys.pycache_prefix``, or
     beside the sources, says): a usual install has it; without it, every new process compiles their sources."""
@@ -486,7 +481,9 @@ class RegionCompiler:
         Where the time went: ``trace`` (to ATen), ``workers`` (from their start to their end, wall, while this
         process built its regions), ``compile`` and ``load``
         (the artifacts), ``run`` (each region once, but once for each structure and quick key: a region
-        sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way).
+        sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way);
+        in a later build that loads ahead (:data:`LOAD_WHILE_RUNNING`), ``load`` is the thread of loads' and this
+        thread's are ``plans`` (:func:`make_plans`) and ``load_waited`` (for a region's code not loaded yet).
     """
 
     def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT,
@@ -509,6 +506,8 @@ class RegionCompiler:
         # quick key -> (artifact key, output spec) of its index entry, None without one: read once per build
         self._entries: dict[str, tuple[str, Any] | None] = {}
         self._remembered: set[str] = set()  # quick keys whose entry this build wrote
+        self._one_at_a_time = threading.Lock()  # :meth:`_artifact`'s
+        self._convolutions: dict[str, list[list[Any]]] = {}  # artifact key -> the convolutions its code calls
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
@@ -530,7 +529,12 @@ class RegionCompiler:
 
     def _artifact(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
         """The compiled artifact of ``graph`` (ATen, flat outputs) on ``values``, and how it came (a key of
-        :attr:`counts`, counted by the caller once the region is built): shared, loaded or compiled."""
+        :attr:`counts`, counted by the caller once the region is built): shared, loaded or compiled. One thread
+        at a time (:meth:`_load_ahead`'s, or this one's when a region's code must be found again)."""
+        with self._one_at_a_time:
+            return self._artifact_here(graph, values, key)
+
+    def _artifact_here(self, graph: Any, values: list[Any], key: str) -> tuple[Any, str]:
         import torch
 
         if key in self._refused:  # a probe could not compile it: its regions go on without a second try
@@ -691,6 +695,8 @@ class RegionCompiler:
                         self._entries[quick] = (NO_OPERATORS, None)
                     elif self._path(found["key"]).is_file():
                         self._entries[quick] = (found["key"], torch.utils._pytree.treespec_loads(found["spec"]))
+                        if isinstance(found.get("convolutions"), list):
+                            self._convolutions.setdefault(found["key"], found["convolutions"])
             except (OSError, ValueError, KeyError, TypeError) as err:  # a torn or foreign entry: trace again
                 log.info("region %s: index entry not used (%s)", name, first_line(err))
         return self._entries[quick]
@@ -753,10 +759,17 @@ class RegionCompiler:
                 seconds.append(time.perf_counter() - clock)
         pool = None
         try:
-            ahead: dict[str, _Ahead] = {}
-            if RUN_WHILE_LOADING and len(regions) > 1 and all(self._ready(t) for t in traced.values()):
-                pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opbench-region-runs")
-                ahead = self._run_ahead(regions, traced, pool)
+            ahead: dict[str, Any] = {}
+            if LOAD_WHILE_RUNNING and regions and all(self._ready(t) for t in traced.values()):
+                pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opbench-region-loads")
+                ahead = self._load_ahead(regions, traced, pool)
+                clock = time.perf_counter()
+                calls = {json.dumps(c): c for t in traced.values() for c in self._convolutions.get(t.key, ())}
+                make_plans(list(calls.values()), _device_of(regions))  # each once: a plan is made once
+                self._lap("plans", clock)
+                for future in ahead.values():  # the first load imports what loading needs: nothing here meanwhile
+                    future.exception()
+                    break
             return {name: self._one(name, region, inputs, outputs, traced[name], ahead.get(name))
                     for name, region, inputs, outputs in regions}
         finally:
@@ -775,75 +788,51 @@ class RegionCompiler:
         return _no_operators(traced.graph) or (path is not None and path.is_file() and not _has_constants(
             traced.graph))
 
-    def _run_ahead(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]], traced: dict[str, _Traced | None],
-                   pool: Any) -> dict[str, _Ahead]:
-        """Load every region's code in order, handing each structure's first run (:meth:`_check`) to ``pool``'s
-        one thread as soon as its code is loaded, on this thread's stream: name -> what :meth:`_one` takes. A
-        region whose code does not load here is left out (:meth:`_one` builds it as without this)."""
-        import torch
-
-        stream = None
-        device = next((x.device for _, _, inputs, _ in regions for x in torch.utils._pytree.tree_leaves(list(inputs))
-                       if isinstance(x, torch.Tensor) and x.is_cuda), None)
-        if device is not None:
-            stream = torch.cuda.current_stream(device)
-        ahead: dict[str, _Ahead] = {}
-        submitted: set[tuple[str, str | None]] = set()
-        for name, _, inputs, outputs in regions:
-            t = traced[name]
-            if t is None or t.key == NO_OPERATORS:
-                continue
-            try:
-                artifact, how = self._artifact(t.graph, t.values, t.key)
-            except Exception as err:  # built again, and handled, where the region's turn comes
-                log.debug("region %s: not loaded ahead (%s)", name, first_line(err))
-                continue
-            call = RegionCall(artifact, t.tensors, t.spec, inputs)
-            checked = (t.key, t.quick if t.graph is None else None)
-            run = None
-            if checked not in self._checked and checked not in submitted:
-                submitted.add(checked)
-                run = pool.submit(self._check, call, inputs, outputs, t.graph is None, stream)
-            ahead[name] = _Ahead(call, how, run)
-        return ahead
+    def _load_ahead(self, regions: Sequence[tuple[str, Any, Sequence[Any], Any]], traced: dict[str, _Traced | None],
+                    pool: Any) -> dict[str, Any]:
+        """Every region's code handed to ``pool``'s one thread to load, in order: name -> the future of
+        :meth:`_artifact`'s (artifact, how). The first load imports what loading needs; the caller imports nothing
+        until it is done (two threads importing one module can deadlock)."""
+        return {name: pool.submit(self._artifact, traced[name].graph, traced[name].values, traced[name].key)
+                for name, _, _, _ in regions if traced[name] is not None and traced[name].key != NO_OPERATORS}
 
     @staticmethod
-    def _check(call: RegionCall, inputs: Sequence[Any], outputs: Any, compare: bool, stream: Any = None) -> float:
-        """Run ``call`` once on ``inputs`` (on ``stream`` where given) and, with ``compare``, raise when its outputs
-        are not close to ``outputs``; returns the seconds it took."""
+    def _check(call: RegionCall, inputs: Sequence[Any], outputs: Any, compare: bool) -> None:
+        """Run ``call`` once on ``inputs`` and, with ``compare``, raise when its outputs are not close to
+        ``outputs``."""
         import torch
 
-        clock = time.perf_counter()
-        with torch.no_grad(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with torch.no_grad():
             got = call(*inputs)
-            if compare and not _close(got, outputs):  # found by a quick key that misled
-                raise ValueError("its outputs differ from the region's")
-        return time.perf_counter() - clock
+        if compare and not _close(got, outputs):  # found by a quick key that misled
+            raise ValueError("its outputs differ from the region's")
 
     def _one(self, name: str, region: Any, inputs: Sequence[Any], outputs: Any,
-             traced: _Traced | None, ahead: _Ahead | None = None) -> tuple[Any, str | None]:
+             traced: _Traced | None, ahead: Any = None) -> tuple[Any, str | None]:
         if traced is not None and traced.key == NO_OPERATORS:  # its entry says it computes nothing
             self._count("no_operators")
             return region, None
         if traced is not None:
             try:
-                if ahead is not None:  # loaded by :meth:`_run_ahead`, and maybe run there
-                    call, how = ahead.call, ahead.how
+                if ahead is not None:  # being loaded by :meth:`_load_ahead`
+                    clock = time.perf_counter()
+                    artifact, how = ahead.result()
+                    self._lap("load_waited", clock)
                 else:
                     artifact, how = self._artifact(traced.graph, traced.values, traced.key)
-                    call = RegionCall(artifact, traced.tensors, traced.spec, inputs)
+                call = RegionCall(artifact, traced.tensors, traced.spec, inputs)
                 # what an earlier region of this build ran and checked needs no run: the same code on values
                 # of the same metadata (a quick key's link to its artifact is checked once for each quick key)
                 checked = (traced.key, traced.quick if traced.graph is None else None)
                 if checked not in self._checked:
-                    if ahead is not None and ahead.run is not None:
-                        clock = time.perf_counter()
-                        self.seconds["run"] = self.seconds.get("run", 0.0) + ahead.run.result()
-                        self._lap("run_waited", clock)
+                    clock = time.perf_counter()
+                    if traced.graph is not None and traced.key not in self._convolutions:
+                        with ConvolutionsSeen() as seen:  # for later builds to make their plans ahead
+                            self._check(call, inputs, outputs, False)
+                        self._convolutions[traced.key] = seen.calls
                     else:
-                        clock = time.perf_counter()
                         self._check(call, inputs, outputs, traced.graph is None)
-                        self._lap("run", clock)
+                    self._lap("run", clock)
                     self._checked.add(checked)
                 self._count(how)
                 self._remember(traced)
@@ -881,10 +870,100 @@ class RegionCompiler:
         self._remembered.add(traced.quick)
         with contextlib.suppress(OSError, TypeError, ValueError):  # an output tree without JSON form: no entry
             entry = {"key": NO_OPERATORS} if nothing else \
-                {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)}
+                {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)} | (
+                    {"convolutions": self._convolutions[traced.key]} if self._convolutions.get(traced.key) else {})
             index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with written_whole(index) as part:
                 part.write_text(json.dumps(entry))
+
+
+class ConvolutionsSeen:
+    """A context that notes each convolution (``aten.convolution``) run inside it, as JSON-ready lists that
+    :func:`make_plans` takes: input and weight (shape, strides, the data pointer's offset from a 256-byte boundary),
+    dtype, bias or not, then stride, padding, dilation, transposed, output padding and groups. cuDNN keys its plans
+    by these (PyTorch's plan cache: sizes, strides, alignment, dtype and the convolution's parameters)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+
+    def __enter__(self) -> ConvolutionsSeen:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func is torch.ops.aten.convolution.default and not kwargs:
+                    with contextlib.suppress(Exception):  # a call it cannot note is run all the same
+                        seen._note(*args)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    def _note(self, x: Any, w: Any, bias: Any, *params: Any) -> None:
+        def tensor(t: Any) -> list[Any]:
+            return [list(t.shape), list(t.stride()), t.data_ptr() % 256]
+
+        call = [tensor(x), tensor(w), str(x.dtype).removeprefix("torch."), bias is not None,
+                *[list(p) if isinstance(p, list | tuple) else p for p in params]]
+        if call not in self.calls:
+            self.calls.append(call)
+
+
+def make_plans(calls: Sequence[Sequence[Any]], device: Any) -> int:
+    """Run each convolution of ``calls`` (as :class:`ConvolutionsSeen` notes them) once on ``device``, on tensors of
+    its shapes, strides, alignment and dtype (their values unset), so that cuDNN makes its plans for them on this
+    thread; returns how many ran. Only on a CUDA device (elsewhere there is nothing to plan); a call that fails is
+    left to the region's own run."""
+    if device is None or device.type != "cuda":
+        return 0
+    return _run_convolutions(calls, device)
+
+
+def _run_convolutions(calls: Sequence[Sequence[Any]], device: Any) -> int:
+    """:func:`make_plans` on any device."""
+    import torch
+
+    made = 0
+    with torch.no_grad():
+        for call in calls:
+            try:
+                (xs, xt, xo), (ws, wt, wo), dtype, has_bias, *params = call
+                dtype = getattr(torch, dtype)
+                x, w = (_strided(shape, stride, offset, dtype, device) for shape, stride, offset in
+                        ((xs, xt, xo), (ws, wt, wo)))
+                bias = torch.zeros(ws[1] * params[-1] if params[3] else ws[0], dtype=dtype, device=device) \
+                    if has_bias else None
+                torch.convolution(x, w, bias, *params)
+                made += 1
+            except Exception as err:
+                log.debug("a convolution's plan not made ahead (%s)", first_line(err))
+    return made
+
+
+def _strided(shape: Sequence[int], stride: Sequence[int], offset: int, dtype: Any, device: Any) -> Any:
+    """An uninitialised tensor of ``shape`` and ``stride`` whose data starts ``offset`` bytes past a 256-byte
+    boundary."""
+    import torch
+
+    size = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    item = torch.empty((), dtype=dtype).element_size()
+    base = torch.empty(size + 256 // item, dtype=dtype, device=device)
+    return base.as_strided(shape, stride, storage_offset=(offset - base.data_ptr() % 256) % 256 // item)
+
+
+def _device_of(regions: Sequence[tuple[str, Any, Sequence[Any], Any]]) -> Any:
+    """The device of the first tensor among the regions' inputs (None without one)."""
+    import torch
+
+    return next((x.device for _, _, inputs, _ in regions for x in torch.utils._pytree.tree_leaves(list(inputs))
+                 if isinstance(x, torch.Tensor)), None)
 
 
 def hash_sources_meanwhile() -> Any | None:
