@@ -826,10 +826,12 @@ class RegionCompiler:
                 checked = (traced.key, traced.quick if traced.graph is None else None)
                 if checked not in self._checked:
                     clock = time.perf_counter()
-                    if traced.graph is not None and traced.key not in self._convolutions:
+                    if traced.key not in self._convolutions:
                         with ConvolutionsSeen() as seen:  # for later builds to make their plans ahead
-                            self._check(call, inputs, outputs, False)
+                            self._check(call, inputs, outputs, traced.graph is None)
                         self._convolutions[traced.key] = seen.calls
+                        if traced.graph is None and seen.calls:  # an entry written before they were noted
+                            self._note_convolutions(traced)
                     else:
                         self._check(call, inputs, outputs, traced.graph is None)
                     self._lap("run", clock)
@@ -856,6 +858,16 @@ class RegionCompiler:
         self._count("aten" if why else "torch.compile")
         self._lap("torch.compile", clock)
         return compiled, why
+
+    def _note_convolutions(self, traced: _Traced) -> None:
+        """Add the convolutions its code calls to the index entry that found a region (one written before entries
+        noted them), for later builds to make their plans ahead."""
+        index = self._index(traced.quick)
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # left as it is
+            entry = json.loads(index.read_text())
+            if entry.get("key") == traced.key and "convolutions" not in entry:
+                with written_whole(index) as part:
+                    part.write_text(json.dumps(entry | {"convolutions": self._convolutions[traced.key]}))
 
     def _remember(self, traced: _Traced) -> None:
         """Point the region's quick key at its stored artifact, or say that the region computes nothing, for
