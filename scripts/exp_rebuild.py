@@ -7,8 +7,8 @@ schedule, by default eight times, keeping the fastest capture. Three steps short
   own while the model is prepared (``opbench.runtime.fused.hash_sources_meanwhile``);
 - of the captures, one screening round picks the fastest ``FINALISTS``, and only those are timed in full
   (``opbench.pipeline.compare.fastest_capture``);
-- the regions' code is loaded in a thread of its own while this thread runs each loaded region once (the check,
-  and cuDNN's plans for its convolutions; ``opbench.runtime.fused.LOAD_WHILE_RUNNING``).
+- the regions' code is loaded in a thread of its own while this thread makes cuDNN's plans for the convolutions
+  the build that stored it noted, and then runs each loaded region once (``opbench.runtime.fused.LOAD_WHILE_RUNNING``).
 
 For each model this script makes the cache with one build in a new process, then rebuilds from it ``--reps`` times
 in each variant of ``--variants``, each rebuild a new process, the variants taking turns: as shipped, without the

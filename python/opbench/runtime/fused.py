@@ -767,9 +767,8 @@ class RegionCompiler:
                 calls = {json.dumps(c): c for t in traced.values() for c in self._convolutions.get(t.key, ())}
                 make_plans(list(calls.values()), _device_of(regions))  # each once: a plan is made once
                 self._lap("plans", clock)
-                for future in ahead.values():  # the first load imports what loading needs: nothing here meanwhile
-                    future.exception()
-                    break
+                if ahead:  # the first load imports what loading needs: nothing here meanwhile
+                    next(iter(ahead.values())).exception()
             return {name: self._one(name, region, inputs, outputs, traced[name], ahead.get(name))
                     for name, region, inputs, outputs in regions}
         finally:
@@ -826,14 +825,14 @@ class RegionCompiler:
                 checked = (traced.key, traced.quick if traced.graph is None else None)
                 if checked not in self._checked:
                     clock = time.perf_counter()
-                    if traced.key not in self._convolutions:
-                        with ConvolutionsSeen() as seen:  # for later builds to make their plans ahead
-                            self._check(call, inputs, outputs, traced.graph is None)
+                    # the convolutions its code calls, once, for later builds to make their plans ahead
+                    seen = ConvolutionsSeen() if traced.key not in self._convolutions else None
+                    with seen or contextlib.nullcontext():
+                        self._check(call, inputs, outputs, traced.graph is None)
+                    if seen is not None:
                         self._convolutions[traced.key] = seen.calls
                         if traced.graph is None and seen.calls:  # an entry written before they were noted
                             self._note_convolutions(traced)
-                    else:
-                        self._check(call, inputs, outputs, traced.graph is None)
                     self._lap("run", clock)
                     self._checked.add(checked)
                 self._count(how)
@@ -866,8 +865,7 @@ class RegionCompiler:
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # left as it is
             entry = json.loads(index.read_text())
             if entry.get("key") == traced.key and "convolutions" not in entry:
-                with written_whole(index) as part:
-                    part.write_text(json.dumps(entry | {"convolutions": self._convolutions[traced.key]}))
+                _write_entry(index, entry | {"convolutions": self._convolutions[traced.key]})
 
     def _remember(self, traced: _Traced) -> None:
         """Point the region's quick key at its stored artifact, or say that the region computes nothing, for
@@ -884,9 +882,14 @@ class RegionCompiler:
             entry = {"key": NO_OPERATORS} if nothing else \
                 {"key": traced.key, "spec": torch.utils._pytree.treespec_dumps(traced.spec)} | (
                     {"convolutions": self._convolutions[traced.key]} if self._convolutions.get(traced.key) else {})
-            index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with written_whole(index) as part:
-                part.write_text(json.dumps(entry))
+            _write_entry(index, entry)
+
+
+def _write_entry(index: Path, entry: dict[str, Any]) -> None:
+    """Write a region's index entry whole (a build stopped mid-way leaves the one before or none)."""
+    index.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with written_whole(index) as part:
+        part.write_text(json.dumps(entry))
 
 
 class ConvolutionsSeen:
