@@ -73,9 +73,19 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
 
 
 def _timed_steps(fused: Any) -> dict[str, float]:
-    """Seconds, summed over the build, of the steps of building the regions (each compiler's ``compile_all``, the
-    pass that runs the compiled regions once for the strides they are handed, the whole ``FusedBackend``), filled
-    in as the build goes: the time its phases leave out."""
+    """Seconds, summed over the build, of its steps, filled in as the build goes: the time its phases leave out.
+    The capturer's rebuild: ``backend`` (making the regions' backend) and ``kept_capture`` (the captures); the
+    rest of the build is the model's reference run, the cache's key and the outputs' check. Inside the backend
+    (``fused_backend``): ``trace`` (``torch.fx``), ``split`` (into regions), ``interpreter`` (every run of a
+    graph by ``torch.fx``'s interpreter: the eager run that records each region's inputs, the pass that runs the
+    compiled regions once for the strides they are handed, which is ``strides_pass`` too), ``compile_all`` (each
+    compiler's, which holds ``plans``: :func:`make_plans`, with ``convolutions`` the count it was given),
+    ``torch_backend`` (the operator graph of the split module) and ``region_flops``."""
+    import torch.fx.interpreter
+    import torch.fx.passes.split_module
+
+    from opbench import parallel
+
     steps: dict[str, float] = {}
 
     def timed(step: str, fn: Any) -> Any:
@@ -87,9 +97,23 @@ def _timed_steps(fused: Any) -> dict[str, float]:
                 steps[step] = steps.get(step, 0.0) + time.perf_counter() - clock
         return wrapper
 
+    def counted(fn: Any) -> Any:
+        def wrapper(calls: Any, *args: Any) -> Any:
+            steps["convolutions"] = steps.get("convolutions", 0) + len(calls)
+            return fn(calls, *args)
+        return wrapper
+
     fused.RegionCompiler.compile_all = timed("compile_all", fused.RegionCompiler.compile_all)
     fused._compile_for_handed_strides = timed("strides_pass", fused._compile_for_handed_strides)
     fused.FusedBackend.__init__ = timed("fused_backend", fused.FusedBackend.__init__)
+    fused.make_plans = counted(timed("plans", fused.make_plans))
+    fused.fx_module = timed("trace", fused.fx_module)
+    fused.TorchBackend.__init__ = timed("torch_backend", fused.TorchBackend.__init__)
+    fused.FusedBackend._region_flops = timed("region_flops", fused.FusedBackend._region_flops)
+    torch.fx.passes.split_module.split_module = timed("split", torch.fx.passes.split_module.split_module)
+    torch.fx.interpreter.Interpreter.run = timed("interpreter", torch.fx.interpreter.Interpreter.run)
+    parallel._backend = timed("backend", parallel._backend)
+    parallel._kept_capture = timed("kept_capture", parallel._kept_capture)
     return steps
 
 
@@ -128,11 +152,14 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                 "load_waited_s": statistics.median(g["phases"].get("regions_time_load_waited_s", 0.0) for g in done),
                 "strides_pass_s": statistics.median(g.get("steps_s", {}).get("strides_pass", 0.0) for g in done),
                 "captures_s": statistics.median(g["phases"].get("captures_s", 0.0) for g in done),
-                "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done)}
+                "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done),
+                "steps_s": {k: statistics.median(g.get("steps_s", {}).get(k, 0.0) for g in done)
+                            for k in sorted({k for g in done for k in g.get("steps_s", {})})}}
     for variant, s in summary.items():
         print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, runs {s['run_s']:.2f}, "
               f"waited {s['load_waited_s']:.2f}, strides pass {s['strides_pass_s']:.2f}, captures "
-              f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms", flush=True)
+              f"{s['captures_s']:.2f}), kept capture {s['latency_ms']:.4f} ms; steps "
+              + ", ".join(f"{k} {v:.3g}" for k, v in s["steps_s"].items()), flush=True)
     return row | {"summary": summary}
 
 

@@ -240,7 +240,57 @@ def test_regions_of_one_structure_compile_once_and_a_second_build_loads_them(tmp
     monkeypatch.setattr(type(artifact), "save", refuse)
     assert built(tmp_path / "unstored").built["compiled"] == first.built["compiled"]
     assert len(list((tmp_path / "unstored").glob("*.unstored"))) == first.built["compiled"]
-    assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker started
+    assert built(tmp_path / "unstored", jobs=2).built["compiled"] == first.built["compiled"]  # no worker given any
+
+
+@pytest.mark.parametrize("due", [True, False])
+def test_workers_start_before_the_first_compile_and_end_unused_when_the_compiles_are_quick(due, tmp_path,
+                                                                                           monkeypatch):
+    """With enough structures unknown to the store, the workers start before this process traces or compiles
+    any region (``START_WORKERS_EARLY``); once the first compiles here turn slow, those same processes get the
+    shares, and when they stay quick, they end unused and everything is compiled here."""
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(fused, "WORKERS_FROM", 3)
+    monkeypatch.setattr(fused, "COLD_S", 0.0 if due else 1e3)
+    started, at_first_compile = [], []
+    popen, compile_here, trace = subprocess.Popen, fused._standalone_compile, fused._aten_graph
+
+    def spawned(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    def ours():
+        return [p for p in started if "_worker()" in " ".join(map(str, p.args))]  # not Inductor's own
+
+    def noted(fn):
+        def wrapper(*args, **kwargs):
+            at_first_compile.append(len(ours()))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(subprocess, "Popen", spawned)
+    monkeypatch.setattr(fused, "_standalone_compile", noted(compile_here))
+    monkeypatch.setattr(fused, "_aten_graph", noted(trace))
+    monkeypatch.setattr(fused.RegionCompiler, "_artifact", _after_the_workers(fused.RegionCompiler._artifact))
+    backend = FusedBackend(model, [x], store=tmp_path, jobs=2)
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    procs = ours()
+    assert len(procs) == 2 and at_first_compile[0] == 2  # both started before the first trace to ATen
+    assert all(p.args[-1] == "cpu" for p in procs)  # the device they make ready
+    assert all(p.poll() is not None for p in procs)
+    if due:
+        assert backend.built["compiled"] == fused.PROBES and backend.built["compiled_by_workers"] >= 1
+    else:
+        assert "compiled_by_workers" not in backend.built and all(p.returncode == -signal.SIGKILL for p in procs)
+    # a later build knows every structure: no worker starts
+    del started[:]
+    assert set(FusedBackend(model, [x], store=tmp_path, jobs=2).built) == {"loaded", "shared"} and not ours()
 
 
 @pytest.mark.parametrize("ahead", [True, False])

@@ -107,6 +107,11 @@ WAIT_S = 300.0
 #: one would be made again here (a later build of nasnet that ran its regions on a thread of their own took 6.5 s
 #: against 5.0 s, H200)
 LOAD_WHILE_RUNNING = True
+#: whether a build whose regions' quick keys find at least :data:`WORKERS_FROM` structures unknown to the store
+#: starts its worker processes at once (:meth:`RegionCompiler._spawn_workers`), so that their import of torch and
+#: Inductor and their CUDA context overlap this process's tracing of the regions to ATen and its first compiles,
+#: which decide whether they are needed (:func:`_workers_due`); those not needed end unused
+START_WORKERS_EARLY = True
 
 
 class RegionCall:
@@ -411,6 +416,10 @@ def _quick_key(region: Any, values: Sequence[Any], combo: bool = False, layout: 
                    "torch": torch.__version__, "format": REGION_FORMAT, "quick": 2} | _variant(combo, layout))
 
 
+#: a region's parameter and buffer names, those tensors, the values its code is called with and its quick key
+_Keyed = tuple[list[str], list[Any], list[Any], "str | None"]
+
+
 @dataclasses.dataclass
 class _Traced:
     """A region ready for its artifact: its ATen graph (None when found through the quick key), the values it is
@@ -498,6 +507,7 @@ class RegionCompiler:
         self._pretraced: dict[str, _Traced | None] = {}  # region name -> traced by :meth:`start`
         self._waits = False  # whether this process waits for a worker's structure instead of compiling it too
         self._workers: list[tuple[Any, Any]] = []  # (process, its standard error)
+        self._spawned: list[tuple[Any, Any]] = []  # workers started early, waiting for a share
         self._workers_since = 0.0
         self._feed: Any = None  # the thread that hands the workers their shares
         self._probed: dict[str, str] = {}
@@ -596,48 +606,66 @@ class RegionCompiler:
             workers = min(self.jobs, len(todo))
             self._start_workers(todo, threads=max(1, (os.cpu_count() or 2) // 2 // workers))
 
-    def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]], threads: int = 1) -> None:
-        """Start ``jobs`` worker processes that compile and store ``todo`` (key -> ATen graph, values, in the order
-        this process builds them) from its end: each worker takes every ``jobs``-th structure counted from the
-        last. This process does not wait for them: it builds its regions in order, loading a structure a worker
-        has stored by then and compiling the others itself, so that they meet in the middle and the build takes
-        no longer than compiling here alone would (a worker's start, an import of torch and Inductor's first
-        compile, takes seconds). :meth:`_stop_workers` ends them once every region is built. ``threads``: each
-        worker's Inductor compile threads.
-
-        The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
-        caller's script runs again in them."""
+    def _spawn_workers(self, count: int, device: Any = None) -> None:
+        """Start ``count`` worker processes now, before their shares are known: each imports torch and Inductor
+        and makes its CUDA context on ``device`` meanwhile, then waits for its share (:meth:`_start_workers`),
+        or ends with none (:meth:`_stop_workers`)."""
         import os
-        import pickle
         import subprocess
         import sys
         import tempfile
+
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        if not self._spawned and not self._workers:
+            self._workers_since = time.perf_counter()
+        for _ in range(count):
+            errors = tempfile.TemporaryFile()
+            proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()",
+                                     str(device or "")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=errors, env=env)
+            self._spawned.append((proc, errors))
+
+    def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]], threads: int = 1) -> None:
+        """Hand ``jobs`` worker processes (those :meth:`_spawn_workers` started earlier, else new ones) the
+        structures of ``todo`` (key -> ATen graph, values, in the order this process builds them) to compile and
+        store from its end: each worker takes every ``jobs``-th structure counted from the last. This process
+        does not wait for them: it builds its regions in order, loading a structure a worker has stored by then
+        and compiling the others itself, so that they meet in the middle and the build takes no longer than
+        compiling here alone would (a worker's start, an import of torch and Inductor's first compile, takes
+        seconds). :meth:`_stop_workers` ends them once every region is built. ``threads``: each worker's
+        Inductor compile threads.
+
+        The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
+        caller's script runs again in them."""
+        import pickle
         import threading
 
-        self._workers_since = time.perf_counter()
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         backwards = list(reversed(todo.items()))
         shares = [backwards[i::self.jobs] for i in range(min(self.jobs, len(todo)))]
         payloads: list[tuple[Any, bytes]] = []
-        root = str(Path(__file__).resolve().parents[2])  # the folder that holds opbench
-        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(threads),
-                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         for share in shares:
             try:
-                payload = pickle.dumps((self.combo, self.layout, [(key, graph, _specs(values), str(self._path(key)))
-                                                     for key, (graph, values) in share]))
+                payload = pickle.dumps((self.combo, self.layout, threads, [
+                    (key, graph, _specs(values), str(self._path(key))) for key, (graph, values) in share]))
             except Exception as err:  # graphs that cannot travel are compiled here
                 log.info("regions compiled here: %s", first_line(err))
                 continue
-            errors = tempfile.TemporaryFile()
-            proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+            if not self._spawned:
+                self._spawn_workers(1, next((v.device for _, (_, values) in share for v in values
+                                             if hasattr(v, "device")), None))
+            proc, errors = self._spawned.pop(0)
             self._workers.append((proc, errors))
             self._given.update(key for key, _ in share)
             self._worker_of.update((key, proc) for key, _ in share)
             payloads.append((proc, payload))
+        # those started early and not needed: their standard input closed, they end
+        payloads += [(proc, b"") for proc, _ in self._spawned]
+        self._workers += self._spawned
+        self._spawned = []
 
-        def feed() -> None:  # each worker reads its share before it imports torch; this process goes on meanwhile
+        def feed() -> None:  # each share written while this process goes on
             for proc, payload in payloads:
                 try:
                     proc.stdin.write(payload)
@@ -650,8 +678,16 @@ class RegionCompiler:
         self._feed.start()
 
     def _stop_workers(self) -> None:
-        """End the workers (what they have not stored by now was compiled here) and remove what a worker ended
-        in the middle of a write left behind."""
+        """End the workers (what they have not stored by now was compiled here), and those started early that got
+        no share, and remove what a worker ended in the middle of a write left behind."""
+        unused, self._spawned = self._spawned, []
+        for proc, errors in unused:
+            proc.kill()
+            proc.wait()
+            errors.close()
+        if unused and not self._workers:
+            log.info("%d region compile workers started early were not needed (the structures compiled quickly "
+                     "here)", len(unused))
         if not self._workers:
             return
         for proc, _ in self._workers:
@@ -671,7 +707,7 @@ class RegionCompiler:
                     torn.unlink()
         self._lap("workers", self._workers_since)
         log.info("%d region structures compiled by %d workers, %d here, in %.1f s", self.counts.get(
-            "compiled_by_workers", 0), len(self._workers), self.counts.get("compiled", 0),
+            "compiled_by_workers", 0), len(set(self._worker_of.values())), self.counts.get("compiled", 0),
             self.seconds["workers"])
         self._workers = []
 
@@ -701,9 +737,9 @@ class RegionCompiler:
                 log.info("region %s: index entry not used (%s)", name, first_line(err))
         return self._entries[quick]
 
-    def _trace(self, name: str, region: Any, inputs: Sequence[Any]) -> _Traced | None:
-        """The region ready for its artifact: found through its quick key when a build stored it, else traced
-        to ATen; None when it cannot be traced (then Dynamo's way)."""
+    def _keyed(self, name: str, region: Any, inputs: Sequence[Any]) -> _Keyed:
+        """The region's parameter and buffer names, those tensors, the values its code is called with (inputs, then
+        parameters and buffers) and its quick key (None without a store, or when it has none)."""
         import torch
 
         clock = time.perf_counter()
@@ -716,11 +752,19 @@ class RegionCompiler:
         except Exception as err:  # a module whose repr fails, say: no quick key
             quick = None
             log.debug("region %s: no quick key (%s)", name, first_line(err))
+        self._lap("trace", clock)
+        return names, tensors, values, quick
+
+    def _trace(self, name: str, region: Any, inputs: Sequence[Any],
+               keyed: _Keyed | None = None) -> _Traced | None:
+        """The region ready for its artifact: found through its quick key when a build stored it, else traced
+        to ATen; None when it cannot be traced (then Dynamo's way). ``keyed``: :meth:`_keyed`'s, when computed
+        already."""
+        names, tensors, values, quick = keyed or self._keyed(name, region, inputs)
         found = self._entry(name, quick)
         if found is not None:
-            self._lap("trace", clock)
             return _Traced(None, values, tensors, found[1], found[0], quick)
-        clock = self._lap("trace", clock)
+        clock = time.perf_counter()
         try:
             graph, spec = _aten_graph(region, inputs, names, tensors)
             return _Traced(graph, values, tensors, spec, _region_key(graph, values, self.combo, self.layout), quick)
@@ -736,7 +780,15 @@ class RegionCompiler:
         region itself, why) when Inductor cannot compile it (see the class docstring)."""
         import os
 
-        traced = {name: self._pretraced[name] if name in self._pretraced else self._trace(name, region, inputs)
+        keyed = {name: self._keyed(name, region, inputs) for name, region, inputs, _ in regions
+                 if name not in self._pretraced}
+        # the structures no index entry knows, as far as quick keys tell (a region without one counts alone)
+        unknown = {k[3] or name for name, k in keyed.items() if self._entry(name, k[3]) is None}
+        if START_WORKERS_EARLY and self.jobs > 1 and self.folder is not None and len(unknown) >= WORKERS_FROM \
+                and not self._workers and not self._spawned:
+            self._spawn_workers(min(self.jobs, len(unknown)), _device_of(regions))
+        traced = {name: self._pretraced[name] if name in self._pretraced else self._trace(name, region, inputs,
+                                                                                          keyed[name])
                   for name, region, inputs, _ in regions}
         todo = {t.key: (t.graph, t.values) for t in traced.values()
                 if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
@@ -1046,20 +1098,28 @@ def _specs(values: Sequence[Any]) -> list[Any]:
 
 
 def _worker() -> None:
-    """A region compile worker (:meth:`RegionCompiler._start_workers`): reads its share from standard input,
-    then compiles and stores each graph that is not stored yet (the building process may have compiled it
-    meanwhile), saying on standard error why one failed."""
+    """A region compile worker (:meth:`RegionCompiler._start_workers`): imports torch and Inductor and makes its
+    CUDA context on the device its command line names (if any), then reads its share from standard input (none:
+    it ends), and compiles and stores each graph that is not stored yet (the building process may have compiled
+    it meanwhile), saying on standard error why one failed."""
     import os
     import pickle
     import sys
 
-    data = sys.stdin.buffer.read()  # first, so that the parent does not wait for this import of torch
     import torch
     import torch._inductor.compile_fx  # noqa: F401  (what the graphs' unpickling refers to)
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
+    device = sys.argv[1] if len(sys.argv) > 1 else ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        with contextlib.suppress(Exception):  # made where the first graph needs it otherwise
+            torch.zeros(1, device=device)
     conv_bias_relu_op()  # graphs may call it
-    combo, layout, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
+    data = sys.stdin.buffer.read()
+    if not data:  # not needed
+        return
+    combo, layout, threads, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
+    torch._inductor.config.compile_threads = threads
     for key, graph, specs, path in share:
         if os.path.exists(path):
             continue

@@ -1,0 +1,103 @@
+"""A first build of a model's fused regions from empty caches, with the region compile workers started early or
+after this process's first compiles.
+
+A cold ``capturer(kernels="fused")`` compiles every region structure: this process compiles from the first, and
+once its first compiles turn slow (Inductor's caches cold), worker processes compile the rest from the last
+(``opbench.runtime.fused.RegionCompiler``). A worker takes seconds to start (an import of torch and Inductor, a
+CUDA context), so since ``START_WORKERS_EARLY`` they start as soon as the regions' quick keys show enough
+structures that the store lacks, while this process traces the regions to ATen and compiles its first ones.
+
+Each build is a new process with empty Inductor, Triton and OpBench caches of its own, as
+``scripts/bench_fused.py --cold-caches`` builds: a cold ``torch.compile(mode="reduce-overhead")`` of the model
+first (three calls), then the ``FusedBackend`` the capturer compiles (combo-kernel code of long regions too),
+each timed. The variants take turns, ``--reps`` builds each: ``as shipped`` and ``workers after the first
+compiles`` (``START_WORKERS_EARLY`` off). ``OUT/exp_cold_build.json`` has every build (seconds, how the regions
+were built, where the seconds went) and the medians, written after every build.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_cold_build.py --out out \
+        --models shufflenet_v2_x1_0 --batch 8 --dtype bfloat16 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
+from bench_fused import stem
+
+#: the builds' variants: as shipped, and with the workers started only once this process's compiles turn slow
+VARIANTS = ("as shipped", "workers after the first compiles")
+
+
+def build(name: str, args: Any, variant: str) -> dict[str, Any]:
+    """One cold build of ``name`` in this process (a new one, its caches empty) in ``variant``."""
+    import bench_fused
+
+    from opbench.runtime import fused
+
+    fused.START_WORKERS_EARLY = variant == "as shipped"
+    bench_fused.DTYPE = args.dtype
+    return {"variant": variant} | bench_fused.prebuild(name, args.batch)
+
+
+def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
+    """``--reps`` cold builds of ``name`` in each variant, taking turns; ``save(row)`` after every build."""
+    builds: list[dict[str, Any]] = []
+    row = {"model": name, "batch": args.batch, "dtype": args.dtype, "builds": builds}
+    flags = ["--models", name, "--batch", str(args.batch), "--dtype", args.dtype]
+    for r in range(args.reps):
+        for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            caches = Path(args.out) / "caches" / stem(name, args.batch, args.dtype)
+            shutil.rmtree(caches, ignore_errors=True)
+            env = dict(os.environ, OPBENCH_CACHE=str(caches / "opbench"),
+                       TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"))
+            builds.append(in_child(__file__, args, variant, flags, env))
+            shutil.rmtree(caches, ignore_errors=True)
+            save(row)
+            got = builds[-1]
+            print(f"{name}: {variant:<33} fused {got.get('fused_cold_s', float('nan')):5.1f} s, torch.compile "
+                  f"{got.get('torch_compile_cold_s', float('nan')):5.1f} s, regions {got.get('regions_built')}, "
+                  f"workers {got.get('regions_seconds', {}).get('workers', 0.0):.1f} s {got.get('error', '')}",
+                  flush=True)
+    summary = {}
+    for variant in VARIANTS:
+        done = [b for b in builds if b["variant"] == variant and "error" not in b]
+        if done:
+            summary[variant] = {
+                "fused_cold_s": statistics.median(b["fused_cold_s"] for b in done),
+                "torch_compile_cold_s": statistics.median(b["torch_compile_cold_s"] for b in done),
+                "ratio": statistics.median(b["fused_cold_s"] / b["torch_compile_cold_s"] for b in done),
+                "compiled_here": statistics.median(b["regions_built"].get("compiled", 0) for b in done),
+                "builds": len(done)}
+    for variant, s in summary.items():
+        print(f"{name}: {variant:<33} median fused {s['fused_cold_s']:.1f} s, torch.compile "
+              f"{s['torch_compile_cold_s']:.1f} s, ratio {s['ratio']:.2f}, {s['compiled_here']:.0f} structures "
+              f"compiled here", flush=True)
+    return row | {"summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_device_args(parser, "shufflenet_v2_x1_0")
+    parser.add_argument("--reps", type=int, default=3, help="cold builds of each variant")
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a build may take")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:  # one build, in this new process
+        return as_child(args, lambda: build(args.models, args, args.child))
+    if args.reps < 1 or args.timeout <= 0:
+        bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more builds, a positive timeout")
+    if args.device != "cuda":
+        bad_input(f"--device {args.device!r}: the builds time CUDA code (accepted: cuda)")
+    measure_models("exp_cold_build.py", args, checked_models(args), lambda name, save: measure(name, args, save))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
