@@ -10,9 +10,10 @@ structures that the store lacks, while this process traces the regions to ATen a
 Each build is a new process with empty Inductor, Triton and OpBench caches of its own, as
 ``scripts/bench_fused.py --cold-caches`` builds: a cold ``torch.compile(mode="reduce-overhead")`` of the model
 first (three calls), then the ``FusedBackend`` the capturer compiles (combo-kernel code of long regions too),
-each timed. The variants take turns, ``--reps`` builds each: ``as shipped`` and ``workers after the first
-compiles`` (``START_WORKERS_EARLY`` off). ``OUT/exp_cold_build.json`` has every build (seconds, how the regions
-were built, where the seconds went) and the medians, written after every build.
+each timed. The variants (``--variants``) take turns, ``--reps`` builds each: ``as shipped``, ``workers after
+the first compiles`` (``START_WORKERS_EARLY`` off) and ``4 workers of 3 compile threads`` (``WORKER_THREADS``;
+``$OPBENCH_COMPILE_JOBS``). ``OUT/exp_cold_build.json`` has every build (seconds, how the regions were built,
+where the seconds went) and the medians, written after every build.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_cold_build.py --out out \
         --models shufflenet_v2_x1_0 --batch 8 --dtype bfloat16 --reps 3
@@ -31,8 +32,9 @@ from typing import Any
 from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
 from bench_fused import stem
 
-#: the builds' variants: as shipped, and with the workers started only once this process's compiles turn slow
-VARIANTS = ("as shipped", "workers after the first compiles")
+#: the builds' variants: as shipped, with the workers started only once this process's compiles turn slow, and
+#: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each)
+VARIANTS = ("as shipped", "workers after the first compiles", "4 workers of 3 compile threads")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -41,7 +43,10 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
 
     from opbench.runtime import fused
 
-    fused.START_WORKERS_EARLY = variant == "as shipped"
+    fused.START_WORKERS_EARLY = variant != "workers after the first compiles"
+    if variant == "4 workers of 3 compile threads":
+        os.environ["OPBENCH_COMPILE_JOBS"] = "4"
+        fused.WORKER_THREADS = 3
     bench_fused.DTYPE = args.dtype
     return {"variant": variant} | bench_fused.prebuild(name, args.batch)
 
@@ -51,8 +56,9 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
     builds: list[dict[str, Any]] = []
     row = {"model": name, "batch": args.batch, "dtype": args.dtype, "builds": builds}
     flags = ["--models", name, "--batch", str(args.batch), "--dtype", args.dtype]
+    variants = args.variants
     for r in range(args.reps):
-        for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+        for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
             caches = Path(args.out) / "caches" / stem(name, args.batch, args.dtype)
             shutil.rmtree(caches, ignore_errors=True)
             env = dict(os.environ, OPBENCH_CACHE=str(caches / "opbench"),
@@ -66,7 +72,7 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                   f"workers {got.get('regions_seconds', {}).get('workers', 0.0):.1f} s {got.get('error', '')}",
                   flush=True)
     summary = {}
-    for variant in VARIANTS:
+    for variant in variants:
         done = [b for b in builds if b["variant"] == variant and "error" not in b]
         if done:
             summary[variant] = {
@@ -86,11 +92,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_device_args(parser, "shufflenet_v2_x1_0")
     parser.add_argument("--reps", type=int, default=3, help="cold builds of each variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS[:2]),
+                        help=f"the builds' variants, comma-separated (default: the first two of {', '.join(VARIANTS)})")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds a build may take")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:  # one build, in this new process
         return as_child(args, lambda: build(args.models, args, args.child))
+    args.variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        bad_input(f"--variants {','.join(unknown) or repr('')}: accepted: comma-separated names of "
+                  f"{', '.join(VARIANTS)}")
     if args.reps < 1 or args.timeout <= 0:
         bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more builds, a positive timeout")
     if args.device != "cuda":

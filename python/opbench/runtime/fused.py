@@ -112,6 +112,9 @@ LOAD_WHILE_RUNNING = True
 #: Inductor and their CUDA context overlap this process's tracing of the regions to ATen and its first compiles,
 #: which decide whether they are needed (:func:`_workers_due`); those not needed end unused
 START_WORKERS_EARLY = True
+#: Inductor's compile threads in each worker started once this process's first compiles turned slow (the pieces of
+#: a heavy region, started at once, get their share of the cores instead)
+WORKER_THREADS = 1
 
 
 class RegionCall:
@@ -799,7 +802,7 @@ class RegionCompiler:
             for key in list(todo):
                 if _workers_due(seconds, len(todo), self.probes):
                     # structures known to be heavy: each worker as many compile threads as its share of the cores
-                    self._start_workers(todo, 1 if self.probes else max(1, (os.cpu_count() or 2) // min(
+                    self._start_workers(todo, WORKER_THREADS if self.probes else max(1, (os.cpu_count() or 2) // min(
                         self.jobs, len(todo))))
                     break
                 clock = time.perf_counter()
