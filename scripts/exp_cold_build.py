@@ -11,9 +11,10 @@ Each build is a new process with empty Inductor, Triton and OpBench caches of it
 ``scripts/bench_fused.py --cold-caches`` builds: a cold ``torch.compile(mode="reduce-overhead")`` of the model
 first (three calls), then the ``FusedBackend`` the capturer compiles (combo-kernel code of long regions too),
 each timed. The variants (``--variants``) take turns, ``--reps`` builds each: ``as shipped``, ``workers after
-the first compiles`` (``START_WORKERS_EARLY`` off) and ``4 workers of 3 compile threads`` (``WORKER_THREADS``;
-``$OPBENCH_COMPILE_JOBS``). ``OUT/exp_cold_build.json`` has every build (seconds, how the regions were built,
-where the seconds went) and the medians, written after every build.
+the first compiles`` (``START_WORKERS_EARLY`` off), ``4 workers of 3 compile threads`` (``WORKER_THREADS``;
+``$OPBENCH_COMPILE_JOBS``) and ``workers from a queue`` (``WORKERS_QUEUE``). ``OUT/exp_cold_build.json`` has
+every build (seconds, how the regions were built, where the seconds went, how busy the host's cores were
+meanwhile: ``fused_host_busy``) and the medians, written after every build.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_cold_build.py --out out \
         --models shufflenet_v2_x1_0 --batch 8 --dtype bfloat16 --reps 3
@@ -33,8 +34,10 @@ from _cli import as_child, bad_input, checked_models, in_child, measure_models, 
 from bench_fused import stem
 
 #: the builds' variants: as shipped, with the workers started only once this process's compiles turn slow, and
-#: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each)
-VARIANTS = ("as shipped", "workers after the first compiles", "4 workers of 3 compile threads")
+#: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each), and
+#: with the structures handed out from a queue, one at a time, instead of in shares
+VARIANTS = ("as shipped", "workers after the first compiles", "4 workers of 3 compile threads",
+            "workers from a queue")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -44,11 +47,34 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
     from opbench.runtime import fused
 
     fused.START_WORKERS_EARLY = variant != "workers after the first compiles"
+    fused.WORKERS_QUEUE = variant == "workers from a queue"
     if variant == "4 workers of 3 compile threads":
         os.environ["OPBENCH_COMPILE_JOBS"] = "4"
         fused.WORKER_THREADS = 3
     bench_fused.DTYPE = args.dtype
-    return {"variant": variant} | bench_fused.prebuild(name, args.batch)
+    busy: dict[str, float] = {}
+    fused.FusedBackend.__init__ = _host_busy(fused.FusedBackend.__init__, busy)
+    return {"variant": variant} | bench_fused.prebuild(name, args.batch) | {"fused_host_busy": busy}
+
+
+def _host_busy(fn: Any, busy: dict[str, float]) -> Any:
+    """``fn``, noting in ``busy`` how busy the host's cores were while it ran: ``share``, the cores' busy seconds
+    (every process's, from ``psutil``) over the wall seconds times the cores, and ``cores``."""
+    import time
+
+    import psutil
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        before, clock = psutil.cpu_times(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            wall, after = time.perf_counter() - clock, psutil.cpu_times()
+            idle = sum(getattr(after, f) - getattr(before, f) for f in ("idle", "iowait") if hasattr(after, f))
+            total = sum(after) - sum(before)
+            busy.update(share=(total - idle) / total if total > 0 else 0.0, cores=psutil.cpu_count(),
+                        wall_s=wall)
+    return wrapper
 
 
 def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
@@ -67,10 +93,13 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
             shutil.rmtree(caches, ignore_errors=True)
             save(row)
             got = builds[-1]
+            workers = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in got.get("regions_seconds", {}).items()
+                                if k.startswith("workers"))
             print(f"{name}: {variant:<33} fused {got.get('fused_cold_s', float('nan')):5.1f} s, torch.compile "
                   f"{got.get('torch_compile_cold_s', float('nan')):5.1f} s, regions {got.get('regions_built')}, "
-                  f"workers {got.get('regions_seconds', {}).get('workers', 0.0):.1f} s {got.get('error', '')}",
-                  flush=True)
+                  f"{workers or 'no workers'}, the host's cores "
+                  f"{100 * got.get('fused_host_busy', {}).get('share', float('nan')):.0f} % busy "
+                  f"{got.get('error', '')}", flush=True)
     summary = {}
     for variant in variants:
         done = [b for b in builds if b["variant"] == variant and "error" not in b]
@@ -80,11 +109,12 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                 "torch_compile_cold_s": statistics.median(b["torch_compile_cold_s"] for b in done),
                 "ratio": statistics.median(b["fused_cold_s"] / b["torch_compile_cold_s"] for b in done),
                 "compiled_here": statistics.median(b["regions_built"].get("compiled", 0) for b in done),
+                "host_busy": statistics.median(b.get("fused_host_busy", {}).get("share", float("nan")) for b in done),
                 "builds": len(done)}
     for variant, s in summary.items():
         print(f"{name}: {variant:<33} median fused {s['fused_cold_s']:.1f} s, torch.compile "
               f"{s['torch_compile_cold_s']:.1f} s, ratio {s['ratio']:.2f}, {s['compiled_here']:.0f} structures "
-              f"compiled here", flush=True)
+              f"compiled here, the host's cores {100 * s['host_busy']:.0f} % busy", flush=True)
     return row | {"summary": summary}
 
 

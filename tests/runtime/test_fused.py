@@ -286,11 +286,66 @@ def test_workers_start_before_the_first_compile_and_end_unused_when_the_compiles
     assert all(p.poll() is not None for p in procs)
     if due:
         assert backend.built["compiled"] == fused.PROBES and backend.built["compiled_by_workers"] >= 1
+        # what the workers said of their time: imported torch, then had a share, then compiled for a while
+        seconds = backend.compile_seconds
+        assert 0 < seconds["workers_started"] <= seconds["workers_ready"] < seconds["workers"]
+        assert 0 < seconds["workers_compiling"]
     else:
         assert "compiled_by_workers" not in backend.built and all(p.returncode == -signal.SIGKILL for p in procs)
     # a later build knows every structure: no worker starts
     del started[:]
     assert set(FusedBackend(model, [x], store=tmp_path, jobs=2).built) == {"loaded", "shared"} and not ours()
+
+
+def test_workers_from_a_queue_build_each_structure_once_and_hung_ones_are_not_waited_for(tmp_path, monkeypatch):
+    """``WORKERS_QUEUE``: each ready worker takes the last structure no one has taken, this process takes from the
+    front and waits for what a worker is compiling: every structure is compiled once, here or by a worker, and the
+    outputs equal the model's. Workers that never get ready take nothing, and nothing waits for them."""
+    from opbench.runtime import fused
+    from opbench.runtime.fused import FusedBackend
+
+    torch.manual_seed(0)
+    model, x = TwoBlocks().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x)
+    structures = FusedBackend(model, [x], store=tmp_path / "one").built["compiled"]
+    monkeypatch.setattr(fused, "WORKERS_QUEUE", True)
+    monkeypatch.setattr(fused, "WORKERS_FROM", 3)
+    monkeypatch.setattr(fused, "COLD_S", 0.0)  # the first compiles were slow: the workers take the rest
+    artifact = fused.RegionCompiler._artifact
+
+    def once_a_worker_took_one(self, graph, values, key):  # this process slower than the workers' start
+        for _ in range(1200):
+            if self._queue is None or self._given or not self._queue:
+                break
+            time.sleep(0.1)
+        return artifact(self, graph, values, key)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fused.RegionCompiler, "_artifact", once_a_worker_took_one)
+        backend = FusedBackend(model, [x], store=tmp_path / "queue", jobs=2)
+    torch.testing.assert_close(_greedy(backend)[0], expected, rtol=1e-4, atol=1e-5)
+    built = backend.built
+    assert built["compiled"] >= fused.PROBES and built["compiled_by_workers"] >= 1, built
+    assert built["compiled"] + built["compiled_by_workers"] == structures  # each once
+    assert len(list((tmp_path / "queue").glob("*.bin"))) == structures
+    assert backend.compile_seconds["workers_compiling"] > 0
+    # workers that never say they are ready (they hang) take nothing: this process compiles every structure
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nexec sleep 600\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
+    hung = FusedBackend(model, [x], store=tmp_path / "hung", jobs=2)
+    assert hung.built["compiled"] == structures and "waited" not in hung.compile_seconds
+    torch.testing.assert_close(_greedy(hung)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_workers_report_of_its_time_leaves_out_other_lines_and_lines_cut_short():
+    from opbench.runtime.fused import _worker_report
+
+    text = "started 100.5\nsome warning\nready 102.0\ncompiled 1.5\nregion k: Error: x\ncompiled 2.25\ncompiled 3."
+    assert _worker_report(text) == {"started": 100.5, "ready": 102.0, "compiled": 6.75}
+    assert _worker_report("compiled\nready x\n") == {}
 
 
 @pytest.mark.parametrize("ahead", [True, False])

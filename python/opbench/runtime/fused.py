@@ -112,6 +112,13 @@ LOAD_WHILE_RUNNING = True
 #: Inductor and their CUDA context overlap this process's tracing of the regions to ATen and its first compiles,
 #: which decide whether they are needed (:func:`_workers_due`); those not needed end unused
 START_WORKERS_EARLY = True
+#: what a region compile worker writes on its standard error when it has imported torch and Inductor and when it
+#: has its share (each with the time, epoch seconds), and when it has compiled and stored a structure (with the
+#: seconds it took): :attr:`RegionCompiler.seconds`
+WORKER_STARTED, WORKER_READY, WORKER_COMPILED = "started", "ready", "compiled"
+#: how the structures are handed to the workers (:meth:`RegionCompiler._start_workers`): False, in shares, all at
+#: once; True, from a queue, one at a time to whichever worker is free, this process taking from its front
+WORKERS_QUEUE = False
 #: Inductor's compile threads in each worker started once this process's first compiles turned slow (the pieces of
 #: a heavy region, started at once, get their share of the cores instead)
 WORKER_THREADS = 1
@@ -496,6 +503,9 @@ class RegionCompiler:
         sharing what an earlier one ran and checked is not run), ``torch.compile`` (regions that went that way);
         in a later build that loads ahead (:data:`LOAD_WHILE_RUNNING`), ``load`` is the thread of loads' and this
         thread's are ``plans`` (:func:`make_plans`) and ``load_waited`` (for a region's code not loaded yet).
+        With workers: ``workers_started`` and ``workers_ready``, from a worker's start until it had imported torch
+        and Inductor, and until it had its share (the slowest worker's), and ``workers_compiling``, the seconds
+        all of them spent compiling what they stored.
     """
 
     def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT,
@@ -511,8 +521,12 @@ class RegionCompiler:
         self._waits = False  # whether this process waits for a worker's structure instead of compiling it too
         self._workers: list[tuple[Any, Any]] = []  # (process, its standard error)
         self._spawned: list[tuple[Any, Any]] = []  # workers started early, waiting for a share
+        self._spawned_at: dict[Any, float] = {}  # worker process -> when it started (epoch seconds)
         self._workers_since = 0.0
-        self._feed: Any = None  # the thread that hands the workers their shares
+        self._feeds: list[Any] = []  # the threads that hand the workers their structures
+        self._queue: Any = None  # with :data:`WORKERS_QUEUE`: the structures no one has taken yet, in build order
+        self._inflight: dict[str, Any] = {}  # structure -> the worker process compiling it from the queue
+        self._one_at_a_time_queue = threading.Lock()  # the queue's and the structures in flight
         self._probed: dict[str, str] = {}
         self._refused: dict[str, Exception] = {}  # structure -> why a probe's compile of it failed
         self._checked: set[tuple[str, str | None]] = set()
@@ -562,11 +576,14 @@ class RegionCompiler:
         # a graph of None was found stored: it has no constants
         constants = graph is not None and _has_constants(graph)
         artifact, how, clock = None, "compiled", time.perf_counter()
-        worker = self._worker_of.get(key) if self._waits else None
+        queued = self._queue is not None  # from the queue: take it, or wait for the worker that has it
+        worker = self._from_queue(key) if queued else self._worker_of.get(key) if self._waits else None
+        waited = worker is not None
         while worker is not None and worker.poll() is None and not path.is_file() \
-                and time.perf_counter() - clock < WAIT_S:  # it is compiling it
+                and time.perf_counter() - clock < WAIT_S:  # a worker is compiling it (or will)
             time.sleep(0.05)
-        if worker is not None:
+            worker = self._from_queue(key) if queued else worker
+        if waited:
             clock = self._lap("waited", clock)
         if path is not None and not constants and path.is_file():
             try:
@@ -626,59 +643,122 @@ class RegionCompiler:
         for _ in range(count):
             errors = tempfile.TemporaryFile()
             proc = subprocess.Popen([sys.executable, "-c", "from opbench.runtime.fused import _worker; _worker()",
-                                     str(device or "")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     str(device or "")], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE if WORKERS_QUEUE else subprocess.DEVNULL,
                                     stderr=errors, env=env)
             self._spawned.append((proc, errors))
+            self._spawned_at[proc] = time.time()
 
     def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]], threads: int = 1) -> None:
         """Hand ``jobs`` worker processes (those :meth:`_spawn_workers` started earlier, else new ones) the
         structures of ``todo`` (key -> ATen graph, values, in the order this process builds them) to compile and
-        store from its end: each worker takes every ``jobs``-th structure counted from the last. This process
-        does not wait for them: it builds its regions in order, loading a structure a worker has stored by then
-        and compiling the others itself, so that they meet in the middle and the build takes no longer than
-        compiling here alone would (a worker's start, an import of torch and Inductor's first compile, takes
-        seconds). :meth:`_stop_workers` ends them once every region is built. ``threads``: each worker's
-        Inductor compile threads.
+        store, from its end, while this process builds its regions in order from the first, loading a structure
+        a worker has stored by then: they meet in the middle. :meth:`_stop_workers` ends them once every region is
+        built. ``threads``: each worker's Inductor compile threads.
+
+        Two ways to hand them out (:data:`WORKERS_QUEUE`): in shares, each worker every ``jobs``-th structure
+        counted from the last, all at once, and this process compiles what no worker has stored by the time it gets
+        there (it never waits for a worker, whose start takes seconds); or from a queue, each ready worker the last
+        structure nobody has taken, one at a time, and this process takes from the front what no worker has
+        taken, and waits for what a worker is compiling.
 
         The workers are new interpreters (``python -c``) that read their graphs from a pipe: nothing of the
         caller's script runs again in them."""
-        import pickle
-        import threading
+        import collections
 
-        backwards = list(reversed(todo.items()))
-        shares = [backwards[i::self.jobs] for i in range(min(self.jobs, len(todo)))]
-        payloads: list[tuple[Any, bytes]] = []
+        order = list(reversed(todo))
+        items = {key: (key, graph, _specs(values), str(self._path(key))) for key, (graph, values) in todo.items()}
+        count = min(self.jobs, len(todo))
+        if WORKERS_QUEUE:
+            self._queue = collections.deque(reversed(order))  # in build order: workers pop from its end
+            shares: list[list[str]] = [[] for _ in range(count)]
+        else:
+            shares = [order[i::self.jobs] for i in range(count)]
+        device = next((v.device for _, values in todo.values() for v in values if hasattr(v, "device")), None)
+        header = _message((self.combo, self.layout, threads))
         for share in shares:
-            try:
-                payload = pickle.dumps((self.combo, self.layout, threads, [
-                    (key, graph, _specs(values), str(self._path(key))) for key, (graph, values) in share]))
+            try:  # from the queue, each structure when a worker takes it
+                payload = b"" if WORKERS_QUEUE else header + b"".join(_message(items[key]) for key in share) \
+                    + _message(None)
             except Exception as err:  # graphs that cannot travel are compiled here
                 log.info("regions compiled here: %s", first_line(err))
                 continue
             if not self._spawned:
-                self._spawn_workers(1, next((v.device for _, (_, values) in share for v in values
-                                             if hasattr(v, "device")), None))
+                self._spawn_workers(1, device)
             proc, errors = self._spawned.pop(0)
             self._workers.append((proc, errors))
-            self._given.update(key for key, _ in share)
-            self._worker_of.update((key, proc) for key, _ in share)
-            payloads.append((proc, payload))
+            self._given.update(share)
+            self._worker_of.update((key, proc) for key in share)
+            feed = functools.partial(self._dispatch, proc, header, items) if WORKERS_QUEUE else \
+                functools.partial(_write_all, proc, payload)
+            self._feeds.append(threading.Thread(target=feed, name="region-workers-feed", daemon=True))
         # those started early and not needed: their standard input closed, they end
-        payloads += [(proc, b"") for proc, _ in self._spawned]
+        for proc, _ in self._spawned:
+            self._feeds.append(threading.Thread(target=_write_all, args=(proc, b""), daemon=True))
         self._workers += self._spawned
         self._spawned = []
+        for thread in self._feeds:
+            thread.start()
 
-        def feed() -> None:  # each share written while this process goes on
-            for proc, payload in payloads:
+    def _from_queue(self, key: str) -> Any:
+        """For a structure this process is to build from the queue (:data:`WORKERS_QUEUE`): the worker that is
+        compiling it (None: none is), after taking it out of the queue for this process to compile, unless it
+        waits for workers (:meth:`start`), where the first worker free takes it (then: any worker)."""
+        with self._one_at_a_time_queue:
+            if key in self._inflight:
+                return self._inflight[key]
+            alive = next((proc for proc, _ in self._workers if proc.poll() is None), None)
+            if self._waits and key in self._queue and alive is not None:
+                return alive
+            with contextlib.suppress(ValueError):
+                self._queue.remove(key)
+            return None
+
+    def _dispatch(self, proc: Any, header: bytes, items: dict[str, Any]) -> None:
+        """Feed worker ``proc`` from the queue (:data:`WORKERS_QUEUE`): its settings, and once it is ready, the
+        last structure nobody has taken, then the next when it is done with that, until the queue is empty or the
+        worker ends."""
+        def said(word: str) -> bool:  # whether the worker said it (False: it ended first)
+            while line := proc.stdout.readline():  # other lines: what a library printed
+                if line.strip() == word.encode():
+                    return True
+            return False
+
+        try:
+            proc.stdin.write(header)
+            proc.stdin.flush()
+            if not said(WORKER_READY):
+                return
+            while True:
+                with self._one_at_a_time_queue:
+                    key = self._queue.pop() if self._queue else None
+                    if key is None:
+                        break
+                    self._inflight[key] = proc
                 try:
-                    proc.stdin.write(payload)
-                except OSError:  # a worker ended already
-                    pass
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-
-        self._feed = threading.Thread(target=feed, name="region-workers-feed", daemon=True)
-        self._feed.start()
+                    message = _message(items[key])
+                except Exception as err:  # a graph that cannot travel is compiled here
+                    log.info("region compiled here: %s", first_line(err))
+                    with self._one_at_a_time_queue:
+                        self._inflight.pop(key, None)
+                    continue
+                self._given.add(key)
+                self._worker_of[key] = proc
+                try:
+                    proc.stdin.write(message)
+                    proc.stdin.flush()
+                    done = said(key)
+                finally:
+                    with self._one_at_a_time_queue:
+                        self._inflight.pop(key, None)
+                if not done:  # it ended
+                    return
+            proc.stdin.write(_message(None))
+        except (OSError, ValueError):  # it ended, or was ended
+            pass
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()
 
     def _stop_workers(self) -> None:
         """End the workers (what they have not stored by now was compiled here), and those started early that got
@@ -688,6 +768,9 @@ class RegionCompiler:
             proc.kill()
             proc.wait()
             errors.close()
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError, AttributeError):
+                    pipe.close()
         if unused and not self._workers:
             log.info("%d region compile workers started early were not needed (the structures compiled quickly "
                      "here)", len(unused))
@@ -697,10 +780,23 @@ class RegionCompiler:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        self._feed.join()  # its writes to the ended workers fail at once
+        for thread in self._feeds:  # their writes to the ended workers fail at once
+            thread.join()
+        self._feeds, self._inflight = [], {}
+        for proc, _ in self._workers:
+            if proc.stdout is not None:
+                proc.stdout.close()
+        since: dict[str, list[float]] = {WORKER_STARTED: [], WORKER_READY: []}
+        busy = 0.0
         for proc, errors in self._workers:
             errors.seek(0)
-            said = [t for t in errors.read().decode(errors="replace").splitlines() if t.startswith("region ")]
+            text = errors.read().decode(errors="replace")
+            said = [t for t in text.splitlines() if t.startswith("region ")]
+            report = _worker_report(text)
+            busy += report.get(WORKER_COMPILED, 0.0)
+            for word, seconds in since.items():
+                if word in report and proc in self._spawned_at:
+                    seconds.append(report[word] - self._spawned_at[proc])
             if said:
                 log.info("a region compile worker could not compile a structure (%s); it was compiled here",
                          said[-1][:300])
@@ -709,6 +805,11 @@ class RegionCompiler:
                 with contextlib.suppress(OSError):
                     torn.unlink()
         self._lap("workers", self._workers_since)
+        # the slowest worker's start (to torch imported, and to its share in hand), the seconds all compiled
+        for word, seconds in since.items():
+            if seconds:
+                self.seconds[f"workers_{word}"] = self.seconds.get(f"workers_{word}", 0.0) + max(seconds)
+        self.seconds["workers_compiling"] = self.seconds.get("workers_compiling", 0.0) + busy
         log.info("%d region structures compiled by %d workers, %d here, in %.1f s", self.counts.get(
             "compiled_by_workers", 0), len(set(self._worker_of.values())), self.counts.get("compiled", 0),
             self.seconds["workers"])
@@ -1100,13 +1201,33 @@ def _specs(values: Sequence[Any]) -> list[Any]:
             else ("value", v) for v in values]
 
 
+def _message(value: Any) -> bytes:
+    """``value`` pickled, framed as a worker reads it (:func:`_read_message`); None frames the end."""
+    import pickle
+    import struct
+
+    data = b"" if value is None else pickle.dumps(value)
+    return struct.pack(">I", len(data)) + data
+
+
+def _read_message(stream: Any) -> Any:
+    """The next value :func:`_message` framed on ``stream``; None at the end or when the stream ends."""
+    import pickle
+    import struct
+
+    head = stream.read(4)
+    if len(head) < 4 or not (size := struct.unpack(">I", head)[0]):
+        return None
+    return pickle.loads(stream.read(size))  # noqa: S301 (a pipe from our parent, never a file)
+
+
 def _worker() -> None:
     """A region compile worker (:meth:`RegionCompiler._start_workers`): imports torch and Inductor and makes its
-    CUDA context on the device its command line names (if any), then reads its share from standard input (none:
-    it ends), and compiles and stores each graph that is not stored yet (the building process may have compiled
-    it meanwhile), saying on standard error why one failed."""
+    CUDA context on the device its command line names (if any); then reads from standard input its settings (none:
+    it ends) and the structures to compile, one after another, until their end; compiles and stores each that is
+    not stored yet (the building process may have compiled it meanwhile), saying on standard error why one failed.
+    On standard output it says when it is ready and when it is done with each structure (:data:`WORKERS_QUEUE`)."""
     import os
-    import pickle
     import sys
 
     import torch
@@ -1118,21 +1239,48 @@ def _worker() -> None:
         with contextlib.suppress(Exception):  # made where the first graph needs it otherwise
             torch.zeros(1, device=device)
     conv_bias_relu_op()  # graphs may call it
-    data = sys.stdin.buffer.read()
-    if not data:  # not needed
+    print(f"{WORKER_STARTED} {time.time():.3f}", file=sys.stderr, flush=True)
+    settings = _read_message(sys.stdin.buffer)
+    if settings is None:  # not needed
         return
-    combo, layout, threads, share = pickle.loads(data)  # noqa: S301 (a pipe from our parent, never a file)
+    combo, layout, threads = settings
     torch._inductor.config.compile_threads = threads
-    for key, graph, specs, path in share:
-        if os.path.exists(path):
-            continue
+    print(f"{WORKER_READY} {time.time():.3f}", file=sys.stderr, flush=True)
+    print(WORKER_READY, flush=True)
+    while (item := _read_message(sys.stdin.buffer)) is not None:
+        key, graph, specs, path = item
+        clock = time.perf_counter()
         try:
-            values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
-                      for s in specs]
-            artifact = _standalone_compile(graph, values, combo, layout)
-            artifact.save(path=path, format="binary")
+            if not os.path.exists(path):
+                values = [torch.empty_strided(s[1], s[2], dtype=s[3], device=s[4]) if s[0] == "tensor" else s[1]
+                          for s in specs]
+                artifact = _standalone_compile(graph, values, combo, layout)
+                artifact.save(path=path, format="binary")
+                print(f"{WORKER_COMPILED} {time.perf_counter() - clock:.3f}", file=sys.stderr, flush=True)
         except Exception as err:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
+        print(key, flush=True)  # done with it, stored or not
+
+
+def _write_all(proc: Any, payload: bytes) -> None:
+    """Write ``payload`` to worker ``proc`` and close its standard input (a worker that ended: nothing)."""
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.write(payload)
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
+
+
+def _worker_report(text: str) -> dict[str, float]:
+    """What a worker's standard error (:func:`_worker`) says of its time: when it had imported torch and Inductor
+    (:data:`WORKER_STARTED`) and when it had its share (:data:`WORKER_READY`), epoch seconds, and the seconds it
+    spent compiling what it stored (:data:`WORKER_COMPILED`, summed); a line cut short is left out."""
+    said: dict[str, float] = {}
+    for line in text.splitlines():
+        word, _, value = line.partition(" ")
+        if word in (WORKER_STARTED, WORKER_READY, WORKER_COMPILED):
+            with contextlib.suppress(ValueError):
+                said[word] = float(value) + (said.get(word, 0.0) if word == WORKER_COMPILED else 0.0)
+    return said
 
 
 def _region_index(name: str) -> int:
