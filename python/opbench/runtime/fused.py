@@ -666,14 +666,14 @@ class RegionCompiler:
         caller's script runs again in them."""
         import collections
 
-        order = list(reversed(todo))
         items = {key: (key, graph, _specs(values), str(self._path(key))) for key, (graph, values) in todo.items()}
         count = min(self.jobs, len(todo))
         if WORKERS_QUEUE:
-            self._queue = collections.deque(reversed(order))  # in build order: workers pop from its end
+            self._queue = collections.deque(todo)  # in build order: workers take from its end
             shares: list[list[str]] = [[] for _ in range(count)]
         else:
-            shares = [order[i::self.jobs] for i in range(count)]
+            backwards = list(reversed(todo))
+            shares = [backwards[i::self.jobs] for i in range(count)]
         device = next((v.device for _, values in todo.values() for v in values if hasattr(v, "device")), None)
         header = _message((self.combo, self.layout, threads))
         for share in shares:
@@ -701,9 +701,9 @@ class RegionCompiler:
             thread.start()
 
     def _from_queue(self, key: str) -> Any:
-        """For a structure this process is to build from the queue (:data:`WORKERS_QUEUE`): the worker that is
-        compiling it (None: none is), after taking it out of the queue for this process to compile, unless it
-        waits for workers (:meth:`start`), where the first worker free takes it (then: any worker)."""
+        """The worker compiling ``key`` from the queue (:data:`WORKERS_QUEUE`), or, where this process waits for
+        workers (:meth:`start`) and ``key`` is still queued, any worker alive (one will take it); else None, with
+        ``key`` taken out of the queue for this process to compile."""
         with self._one_at_a_time_queue:
             if key in self._inflight:
                 return self._inflight[key]
