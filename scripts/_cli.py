@@ -42,6 +42,70 @@ def timing_args(parser: Any) -> None:
     parser.add_argument("--rounds", type=int, default=9, help="alternating samples of each variant")
 
 
+def variant_args(parser: Any, variants: tuple[str, ...], default: tuple[str, ...], what: str,
+                 timeout: float) -> None:
+    """``--reps``, ``--variants`` (of ``variants``, ``default`` unless given), ``--timeout`` and the hidden
+    ``--child`` of an experiment whose ``what`` (builds, say) each run in a new process, the variants taking turns
+    (:func:`in_child`); :func:`checked_variants` checks them."""
+    import argparse
+
+    parser.add_argument("--reps", type=int, default=3, help=f"{what} of each variant")
+    parser.add_argument("--variants", default=",".join(default),
+                        help=f"the {what}' variants, comma-separated (default: {', '.join(default)}; accepted: "
+                             f"{', '.join(variants)})")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds one may take")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+
+
+def checked_variants(args: Any, variants: tuple[str, ...]) -> None:
+    """``args.variants`` as a tuple of names, after :func:`variant_args`'s options are checked: an unknown variant,
+    none, fewer than one rep or a timeout not above zero stops with one line (:func:`bad_input`)."""
+    args.variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    unknown = [v for v in args.variants if v not in variants]
+    if unknown or not args.variants:
+        bad_input(f"--variants {','.join(unknown) or repr('')}: accepted: comma-separated names of "
+                  f"{', '.join(variants)}")
+    if args.reps < 1 or args.timeout <= 0:
+        bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more, a positive timeout")
+
+
+def variant_main(script: str, description: str, models: str, variants: tuple[str, ...], default: tuple[str, ...],
+                 what: str, timeout: float, build: Any, measure: Any, why_cuda: str) -> int:
+    """The ``main`` of an experiment ``script`` whose ``what`` (builds, say) each run in a new process, its variants
+    taking turns: the options (:func:`model_device_args` with ``models``, :func:`variant_args`), checked
+    (:func:`checked_variants`, :func:`checked_models`, a GPU: ``why_cuda`` says why); in a child,
+    ``build(name, args, variant)`` (:func:`as_child`), else ``measure(name, args, save)`` for each model
+    (:func:`measure_models`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    model_device_args(parser, models)
+    variant_args(parser, variants, default, what, timeout)
+    args = parser.parse_args()
+    if args.child is not None:  # one build, in this new process
+        return as_child(args, lambda: build(args.models, args, args.child))
+    checked_variants(args, variants)
+    if args.device != "cuda":
+        bad_input(f"--device {args.device!r}: {why_cuda} (accepted: cuda)")
+    measure_models(Path(script).name, args, checked_models(args), lambda name, save: measure(name, args, save))
+    return 0
+
+
+def variant_medians(rows: list[dict[str, Any]], variants: tuple[str, ...], fields: dict[str, Any],
+                    count: str) -> dict[str, dict[str, Any]]:
+    """For each of ``variants`` with rows that ran (no ``error``): the median over them of each of ``fields``
+    (name -> a row's value), and how many there were (``count``)."""
+    import statistics
+
+    summary = {}
+    for variant in variants:
+        done = [r for r in rows if r["variant"] == variant and "error" not in r]
+        if done:
+            summary[variant] = {name: statistics.median(value(r) for r in done) for name, value in fields.items()}
+            summary[variant][count] = len(done)
+    return summary
+
+
 def checked_models(args: Any) -> list[str]:
     """``args.models`` as a list of zoo models after :func:`model_device_args`'s options are checked: a bad
     ``--dtype``, ``--device`` or model, or no model at all, stops with one line (:func:`bad_input`)."""

@@ -22,15 +22,13 @@ meanwhile: ``fused_host_busy``) and the medians, written after every build.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
+from _cli import in_child, variant_main, variant_medians
 from bench_fused import stem
 
 #: the builds' variants: as shipped, with the workers started only once this process's compiles turn slow, and
@@ -100,17 +98,11 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                   f"{workers or 'no workers'}, the host's cores "
                   f"{100 * got.get('fused_host_busy', {}).get('share', float('nan')):.0f} % busy "
                   f"{got.get('error', '')}", flush=True)
-    summary = {}
-    for variant in variants:
-        done = [b for b in builds if b["variant"] == variant and "error" not in b]
-        if done:
-            summary[variant] = {
-                "fused_cold_s": statistics.median(b["fused_cold_s"] for b in done),
-                "torch_compile_cold_s": statistics.median(b["torch_compile_cold_s"] for b in done),
-                "ratio": statistics.median(b["fused_cold_s"] / b["torch_compile_cold_s"] for b in done),
-                "compiled_here": statistics.median(b["regions_built"].get("compiled", 0) for b in done),
-                "host_busy": statistics.median(b.get("fused_host_busy", {}).get("share", float("nan")) for b in done),
-                "builds": len(done)}
+    summary = variant_medians(builds, variants, {
+        "fused_cold_s": lambda b: b["fused_cold_s"], "torch_compile_cold_s": lambda b: b["torch_compile_cold_s"],
+        "ratio": lambda b: b["fused_cold_s"] / b["torch_compile_cold_s"],
+        "compiled_here": lambda b: b["regions_built"].get("compiled", 0),
+        "host_busy": lambda b: b.get("fused_host_busy", {}).get("share", float("nan"))}, "builds")
     for variant, s in summary.items():
         print(f"{name}: {variant:<33} median fused {s['fused_cold_s']:.1f} s, torch.compile "
               f"{s['torch_compile_cold_s']:.1f} s, ratio {s['ratio']:.2f}, {s['compiled_here']:.0f} structures "
@@ -119,27 +111,8 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    model_device_args(parser, "shufflenet_v2_x1_0")
-    parser.add_argument("--reps", type=int, default=3, help="cold builds of each variant")
-    parser.add_argument("--variants", default=",".join(VARIANTS[:2]),
-                        help=f"the builds' variants, comma-separated (default: the first two of {', '.join(VARIANTS)})")
-    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a build may take")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:  # one build, in this new process
-        return as_child(args, lambda: build(args.models, args, args.child))
-    args.variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown or not args.variants:
-        bad_input(f"--variants {','.join(unknown) or repr('')}: accepted: comma-separated names of "
-                  f"{', '.join(VARIANTS)}")
-    if args.reps < 1 or args.timeout <= 0:
-        bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more builds, a positive timeout")
-    if args.device != "cuda":
-        bad_input(f"--device {args.device!r}: the builds time CUDA code (accepted: cuda)")
-    measure_models("exp_cold_build.py", args, checked_models(args), lambda name, save: measure(name, args, save))
-    return 0
+    return variant_main(__file__, __doc__.splitlines()[0], "shufflenet_v2_x1_0", VARIANTS, VARIANTS[:2], "builds",
+                        400.0, build, measure, "the builds time CUDA code")
 
 
 if __name__ == "__main__":

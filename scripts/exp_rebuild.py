@@ -24,7 +24,6 @@ builds it finished).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import as_child, bad_input, checked_models, in_child, measure_models, model_device_args
+from _cli import in_child, variant_main, variant_medians
 from bench_fused import stem
 
 #: the variants a rebuild runs in: as shipped, and with one step undone
@@ -141,20 +140,18 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
                   f"{got.get('phases', {}).get('regions_time_run_s', float('nan')):.2f}, captures "
                   f"{got.get('phases', {}).get('captures_s', 0.0):.2f}), kept {got.get('kept')} "
                   f"{got.get('latency_ms', float('nan')):.4f} ms {got.get('error', '')}", flush=True)
-    summary = {}
-    for variant in variants:
+    def phase(key: str) -> Any:
+        return lambda g: g["phases"].get(key, 0.0)
+
+    summary = variant_medians(rebuilds, variants, {
+        "build_s": lambda g: g["build_s"], "load_s": phase("regions_time_load_s"),
+        "run_s": phase("regions_time_run_s"), "load_waited_s": phase("regions_time_load_waited_s"),
+        "strides_pass_s": lambda g: g.get("steps_s", {}).get("strides_pass", 0.0),
+        "captures_s": phase("captures_s"), "latency_ms": lambda g: g["latency_ms"]}, "rebuilds")
+    for variant, s in summary.items():  # the steps' medians, of the steps any rebuild timed
         done = [g for g in rebuilds if g["variant"] == variant and "error" not in g]
-        if done:
-            summary[variant] = {
-                "build_s": statistics.median(g["build_s"] for g in done),
-                "load_s": statistics.median(g["phases"].get("regions_time_load_s", 0.0) for g in done),
-                "run_s": statistics.median(g["phases"].get("regions_time_run_s", 0.0) for g in done),
-                "load_waited_s": statistics.median(g["phases"].get("regions_time_load_waited_s", 0.0) for g in done),
-                "strides_pass_s": statistics.median(g.get("steps_s", {}).get("strides_pass", 0.0) for g in done),
-                "captures_s": statistics.median(g["phases"].get("captures_s", 0.0) for g in done),
-                "latency_ms": statistics.median(g["latency_ms"] for g in done), "rebuilds": len(done),
-                "steps_s": {k: statistics.median(g.get("steps_s", {}).get(k, 0.0) for g in done)
-                            for k in sorted({k for g in done for k in g.get("steps_s", {})})}}
+        s["steps_s"] = {k: statistics.median(g.get("steps_s", {}).get(k, 0.0) for g in done)
+                        for k in sorted({k for g in done for k in g.get("steps_s", {})})}
     for variant, s in summary.items():
         print(f"{name}: {variant:<28} median {s['build_s']:.2f} s (load {s['load_s']:.2f}, runs {s['run_s']:.2f}, "
               f"waited {s['load_waited_s']:.2f}, strides pass {s['strides_pass_s']:.2f}, captures "
@@ -164,27 +161,8 @@ def measure(name: str, args: Any, save: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    model_device_args(parser, "googlenet")
-    parser.add_argument("--reps", type=int, default=3, help="rebuilds of each variant")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"the rebuilds' variants, comma-separated (default: all of {', '.join(VARIANTS)})")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a build may take")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:  # one build, in this new process
-        return as_child(args, lambda: build(args.models, args, args.child))
-    args.variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown or not args.variants:
-        bad_input(f"--variants {','.join(unknown) or repr('')}: accepted: comma-separated names of "
-                  f"{', '.join(VARIANTS)}")
-    if args.reps < 1 or args.timeout <= 0:
-        bad_input(f"--reps {args.reps}, --timeout {args.timeout}: accepted: 1 or more rebuilds, a positive timeout")
-    if args.device != "cuda":
-        bad_input(f"--device {args.device!r}: captures need a GPU (accepted: cuda)")
-    measure_models("exp_rebuild.py", args, checked_models(args), lambda name, save: measure(name, args, save))
-    return 0
+    return variant_main(__file__, __doc__.splitlines()[0], "googlenet", VARIANTS, VARIANTS, "rebuilds", 300.0,
+                        build, measure, "captures need a GPU")
 
 
 if __name__ == "__main__":
