@@ -57,7 +57,7 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
 
 def _host_busy(fn: Any, busy: dict[str, float]) -> Any:
     """``fn``, noting in ``busy`` how busy the host's cores were while it ran: ``share``, the cores' busy seconds
-    (every process's, from ``psutil``) over the wall seconds times the cores, and ``cores``."""
+    (every process's, from ``psutil``) over all their seconds, busy or idle, with ``cores`` and ``wall_s``."""
     import time
 
     import psutil

@@ -666,10 +666,15 @@ class RegionCompiler:
         caller's script runs again in them."""
         import collections
 
-        items = {key: (key, graph, _specs(values), str(self._path(key))) for key, (graph, values) in todo.items()}
+        items: dict[str, bytes] = {}  # each structure as a worker reads it
+        for key, (graph, values) in todo.items():
+            try:
+                items[key] = _message((key, graph, _specs(values), str(self._path(key))))
+            except Exception as err:  # graphs that cannot travel are compiled here
+                log.info("regions compiled here: %s", first_line(err))
         count = min(self.jobs, len(todo))
         if WORKERS_QUEUE:
-            self._queue = collections.deque(todo)  # in build order: workers take from its end
+            self._queue = collections.deque(key for key in todo if key in items)  # workers take from its end
             shares: list[list[str]] = [[] for _ in range(count)]
         else:
             backwards = list(reversed(todo))
@@ -677,12 +682,10 @@ class RegionCompiler:
         device = next((v.device for _, values in todo.values() for v in values if hasattr(v, "device")), None)
         header = _message((self.combo, self.layout, threads))
         for share in shares:
-            try:  # from the queue, each structure when a worker takes it
-                payload = b"" if WORKERS_QUEUE else header + b"".join(_message(items[key]) for key in share) \
-                    + _message(None)
-            except Exception as err:  # graphs that cannot travel are compiled here
-                log.info("regions compiled here: %s", first_line(err))
+            if any(key not in items for key in share):  # a share with a graph that cannot travel: all here
                 continue
+            # from the queue, each structure when a worker takes it
+            payload = b"" if WORKERS_QUEUE else header + b"".join(items[key] for key in share) + _message(None)
             if not self._spawned:
                 self._spawn_workers(1, device)
             proc, errors = self._spawned.pop(0)
@@ -707,14 +710,15 @@ class RegionCompiler:
         with self._one_at_a_time_queue:
             if key in self._inflight:
                 return self._inflight[key]
-            alive = next((proc for proc, _ in self._workers if proc.poll() is None), None)
-            if self._waits and key in self._queue and alive is not None:
-                return alive
+            if self._waits and key in self._queue:
+                alive = next((proc for proc, _ in self._workers if proc.poll() is None), None)
+                if alive is not None:
+                    return alive
             with contextlib.suppress(ValueError):
                 self._queue.remove(key)
             return None
 
-    def _dispatch(self, proc: Any, header: bytes, items: dict[str, Any]) -> None:
+    def _dispatch(self, proc: Any, header: bytes, items: dict[str, bytes]) -> None:
         """Feed worker ``proc`` from the queue (:data:`WORKERS_QUEUE`): its settings, and once it is ready, the
         last structure nobody has taken, then the next when it is done with that, until the queue is empty or the
         worker ends."""
@@ -735,17 +739,10 @@ class RegionCompiler:
                     if key is None:
                         break
                     self._inflight[key] = proc
-                try:
-                    message = _message(items[key])
-                except Exception as err:  # a graph that cannot travel is compiled here
-                    log.info("region compiled here: %s", first_line(err))
-                    with self._one_at_a_time_queue:
-                        self._inflight.pop(key, None)
-                    continue
                 self._given.add(key)
                 self._worker_of[key] = proc
                 try:
-                    proc.stdin.write(message)
+                    proc.stdin.write(items[key])
                     proc.stdin.flush()
                     done = said(key)
                 finally:
