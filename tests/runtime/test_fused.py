@@ -130,10 +130,12 @@ class TwoBlocks(torch.nn.Module):
 
 def _after_the_workers(artifact_here):
     """``RegionCompiler._artifact`` in a process slower than its workers: it waits for a structure handed to them
-    (up to two minutes) and then loads their code."""
+    (in shares, or still in the queue while a worker lives to take it; up to two minutes) and then loads their
+    code."""
     def after_the_workers(self, graph, values, key):
         for _ in range(1200):
-            if key not in self._given or self._path(key).is_file():
+            queued = self._queue is not None and key in self._queue and any(p.poll() is None for p, _ in self._workers)
+            if not queued and (key not in self._given or self._path(key).is_file()):
                 break
             time.sleep(0.1)
         return artifact_here(self, graph, values, key)
@@ -338,6 +340,59 @@ def test_workers_from_a_queue_build_each_structure_once_and_hung_ones_are_not_wa
     hung = FusedBackend(model, [x], store=tmp_path / "hung", jobs=2)
     assert hung.built["compiled"] == structures and "waited" not in hung.compile_seconds
     torch.testing.assert_close(_greedy(hung)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_workers_kept_from_one_compile_all_take_the_structures_of_the_next_and_end_when_stopped(tmp_path,
+                                                                                                monkeypatch):
+    """``keep_workers`` (with ``WORKERS_QUEUE``): the workers of a first ``compile_all`` outlive it, a second one
+    queues its structures for them (no new worker starts), and ``_stop_workers`` ends them; every region's code
+    equals its module's, each structure compiled once. Without it, the first ``compile_all`` ends its workers."""
+    from opbench.runtime import fused
+
+    monkeypatch.setattr(fused, "WORKERS_QUEUE", True)
+    monkeypatch.setattr(fused, "WORKERS_FROM", 3)
+    monkeypatch.setattr(fused, "COLD_S", 0.0)  # the first compiles were slow: the workers take the rest
+    monkeypatch.setattr(fused.RegionCompiler, "_artifact", _after_the_workers(fused.RegionCompiler._artifact))
+    started = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
+
+    def regions(channels):
+        out = []
+        for c in channels:  # a structure per channel count
+            torch.manual_seed(c)
+            module, x = torch.nn.Sequential(torch.nn.Conv2d(c, 4, 1), torch.nn.ReLU()).eval(), torch.randn(1, c, 5, 5)
+            with torch.no_grad():
+                out.append((f"submod_{c}", module, [x], module(x)))
+        return out
+
+    def equal(built, given):
+        for name, _, inputs, want in given:
+            call, why = built[name]
+            assert why is None and isinstance(call, fused.RegionCall), why
+            with torch.no_grad():
+                torch.testing.assert_close(call(*inputs), want, rtol=1e-4, atol=1e-5)
+
+    compiler = fused.RegionCompiler(tmp_path / "kept", jobs=2)
+    compiler.keep_workers = True
+    first, second = regions([3, 5, 6, 7]), regions([9, 10, 11])
+    equal(compiler.compile_all(first), first)
+    alive = [p for p in started if p.poll() is None]
+    assert alive and compiler.counts["compiled"] == fused.PROBES
+    workers = len(started)
+    equal(compiler.compile_all(second), second)
+    assert len(started) == workers  # no new worker
+    assert any(what.endswith("structures queued for the workers kept") for _, what in compiler.timeline)
+    compiler._stop_workers()
+    assert all(p.poll() is not None for p in started)
+    counts = compiler.counts
+    assert counts["compiled"] + counts["compiled_by_workers"] == 7 and counts["compiled_by_workers"] >= 3, counts
+    assert len(list((tmp_path / "kept").glob("*.bin"))) == 7
+    # not kept: the first compile_all ends them
+    once = fused.RegionCompiler(tmp_path / "once", jobs=2)
+    del started[:]
+    equal(once.compile_all(first), first)
+    assert started and all(p.poll() is not None for p in started)
 
 
 def test_a_workers_report_of_its_time_leaves_out_other_lines_and_lines_cut_short():

@@ -57,6 +57,12 @@ REGION_FORMAT = 1
 #: for them (it compiles from the first while they compile from the last), so a few are enough: resnet-50's 13
 #: structures, compiled here alone, took 1.43x a cold torch.compile (16.3 vs 11.4 s, H200 host)
 WORKERS_FROM = 6
+#: how many times the regions handed other strides than their code's are found in one run of the split graph and
+#: compiled again together (:func:`_compile_for_handed_strides`), before a last run compiles any left one by one
+STRIDE_PASSES = 2
+#: whether the workers fed from a queue (:data:`WORKERS_QUEUE`) for the regions' first compiles stay for those
+#: compiled again for the strides handed (:attr:`RegionCompiler.keep_workers`), instead of ending before them
+KEEP_WORKERS = True
 #: structures compiled here first, one at a time, until the last ``PROBES`` of them took over ``COLD_S`` seconds
 #: each on average (Inductor's caches cold for them; :func:`_workers_due`), when workers start for the rest; warm, a
 #: structure compiles here in 0.1-0.3 s, cold 0.6-1.5 s; workers took 16 s for googlenet's 42 (H100 host)
@@ -114,11 +120,11 @@ LOAD_WHILE_RUNNING = True
 START_WORKERS_EARLY = True
 #: what a region compile worker writes on its standard error when it has imported torch and Inductor and when it
 #: has its share (each with the time, epoch seconds), and when it has compiled and stored a structure (with the
-#: seconds it took): :attr:`RegionCompiler.seconds`
+#: seconds it took, then the time): :attr:`RegionCompiler.seconds` and :attr:`RegionCompiler.timeline`
 WORKER_STARTED, WORKER_READY, WORKER_COMPILED = "started", "ready", "compiled"
 #: how the structures are handed to the workers (:meth:`RegionCompiler._start_workers`): False, in shares, all at
 #: once; True, from a queue, one at a time to whichever worker is free, this process taking from its front
-WORKERS_QUEUE = False
+WORKERS_QUEUE = True
 #: Inductor's compile threads in each worker started once this process's first compiles turned slow (the pieces of
 #: a heavy region, started at once, get their share of the cores instead)
 WORKER_THREADS = 1
@@ -506,6 +512,9 @@ class RegionCompiler:
         With workers: ``workers_started`` and ``workers_ready``, from a worker's start until it had imported torch
         and Inductor, and until it had its share (the slowest worker's), and ``workers_compiling``, the seconds
         all of them spent compiling what they stored.
+    timeline:
+        What happened when: (seconds since this compiler was made, what), in order once the workers ended: the
+        workers' start, each structure compiled here or by a worker, each wait for a worker, the workers' end.
     """
 
     def __init__(self, folder: Any | None, jobs: int = 1, combo: bool = False, layout: str = DEFAULT_LAYOUT,
@@ -527,6 +536,12 @@ class RegionCompiler:
         self._queue: Any = None  # with :data:`WORKERS_QUEUE`: the structures no one has taken yet, in build order
         self._inflight: dict[str, Any] = {}  # structure -> the worker process compiling it from the queue
         self._one_at_a_time_queue = threading.Lock()  # the queue's and the structures in flight
+        self._more = threading.Condition(self._one_at_a_time_queue)  # a structure queued, or the workers' end
+        self._items: dict[str, bytes] = {}  # structure -> as a worker reads it (:func:`_message`)
+        self._ending = False  # whether :meth:`_stop_workers` has begun: the workers take nothing more
+        #: whether workers fed from the queue stay after :meth:`compile_all` for later calls of it, which queue
+        #: their structures for them, until :meth:`_stop_workers` (the caller's) ends them
+        self.keep_workers = False
         self._probed: dict[str, str] = {}
         self._refused: dict[str, Exception] = {}  # structure -> why a probe's compile of it failed
         self._checked: set[tuple[str, str | None]] = set()
@@ -535,9 +550,16 @@ class RegionCompiler:
         self._remembered: set[str] = set()  # quick keys whose entry this build wrote
         self._one_at_a_time = threading.Lock()  # :meth:`_artifact`'s
         self._convolutions: dict[str, list[list[Any]]] = {}  # artifact key -> the convolutions its code calls
+        self._born, self._born_epoch = time.perf_counter(), time.time()
+        self.timeline: list[tuple[float, str]] = []  # (seconds since this compiler was made, what happened)
 
     def _count(self, how: str) -> None:
         self.counts[how] = self.counts.get(how, 0) + 1
+
+    def _mark(self, what: str, at: float | None = None) -> None:
+        """Note in :attr:`timeline` that ``what`` happened now (or ``at``, epoch seconds)."""
+        when = time.perf_counter() - self._born if at is None else at - self._born_epoch
+        self.timeline.append((round(when, 3), what))
 
     def _lap(self, phase: str, since: float) -> float:
         now = time.perf_counter()
@@ -584,6 +606,7 @@ class RegionCompiler:
             time.sleep(0.05)
             worker = self._from_queue(key) if queued else worker
         if waited:
+            self._mark(f"waited {time.perf_counter() - clock:.2f} s for {key[:8]}")
             clock = self._lap("waited", clock)
         if path is not None and not constants and path.is_file():
             try:
@@ -606,6 +629,7 @@ class RegionCompiler:
                     log.info("region not stored (%s)", first_line(err))
                     with contextlib.suppress(OSError):
                         path.with_suffix(".unstored").touch()
+            self._mark(f"compiled {key[:8]} here in {time.perf_counter() - clock:.2f} s")
             self._lap("compile", clock)
         self._built[key] = artifact
         return artifact, how
@@ -648,6 +672,7 @@ class RegionCompiler:
                                     stderr=errors, env=env)
             self._spawned.append((proc, errors))
             self._spawned_at[proc] = time.time()
+        self._mark(f"{count} workers started")
 
     def _start_workers(self, todo: dict[str, tuple[Any, list[Any]]], threads: int = 1) -> None:
         """Hand ``jobs`` worker processes (those :meth:`_spawn_workers` started earlier, else new ones) the
@@ -666,15 +691,11 @@ class RegionCompiler:
         caller's script runs again in them."""
         import collections
 
-        items: dict[str, bytes] = {}  # each structure as a worker reads it
-        for key, (graph, values) in todo.items():
-            try:
-                items[key] = _message((key, graph, _specs(values), str(self._path(key))))
-            except Exception as err:  # graphs that cannot travel are compiled here
-                log.info("regions compiled here: %s", first_line(err))
+        items = self._pickled(todo)
         count = min(self.jobs, len(todo))
         if WORKERS_QUEUE:
             self._queue = collections.deque(key for key in todo if key in items)  # workers take from its end
+            self._ending = False
             shares: list[list[str]] = [[] for _ in range(count)]
         else:
             backwards = list(reversed(todo))
@@ -692,7 +713,7 @@ class RegionCompiler:
             self._workers.append((proc, errors))
             self._given.update(share)
             self._worker_of.update((key, proc) for key in share)
-            feed = functools.partial(self._dispatch, proc, header, items) if WORKERS_QUEUE else \
+            feed = functools.partial(self._dispatch, proc, header) if WORKERS_QUEUE else \
                 functools.partial(_write_all, proc, payload)
             self._feeds.append(threading.Thread(target=feed, name="region-workers-feed", daemon=True))
         # those started early and not needed: their standard input closed, they end
@@ -702,6 +723,28 @@ class RegionCompiler:
         self._spawned = []
         for thread in self._feeds:
             thread.start()
+        self._mark(f"{len(items)} structures handed to {count} workers")
+
+    def _pickled(self, todo: dict[str, tuple[Any, list[Any]]]) -> dict[str, bytes]:
+        """Each structure of ``todo`` as a worker reads it, kept in ``_items``; those that cannot travel are left
+        out (compiled here)."""
+        items: dict[str, bytes] = {}
+        for key, (graph, values) in todo.items():
+            try:
+                items[key] = _message((key, graph, _specs(values), str(self._path(key))))
+            except Exception as err:  # graphs that cannot travel are compiled here
+                log.info("regions compiled here: %s", first_line(err))
+        self._items.update(items)
+        return items
+
+    def _enqueue(self, todo: dict[str, tuple[Any, list[Any]]]) -> None:
+        """Queue the structures of ``todo`` for the workers kept from an earlier :meth:`compile_all`
+        (:attr:`keep_workers`), in build order: they take from the end, this process from the front."""
+        items = self._pickled(todo)
+        with self._more:
+            self._queue.extend(key for key in todo if key in items and key not in self._queue)
+            self._more.notify_all()
+        self._mark(f"{len(items)} structures queued for the workers kept")
 
     def _from_queue(self, key: str) -> Any:
         """The worker compiling ``key`` from the queue (:data:`WORKERS_QUEUE`), or, where this process waits for
@@ -718,10 +761,10 @@ class RegionCompiler:
                 self._queue.remove(key)
             return None
 
-    def _dispatch(self, proc: Any, header: bytes, items: dict[str, bytes]) -> None:
+    def _dispatch(self, proc: Any, header: bytes) -> None:
         """Feed worker ``proc`` from the queue (:data:`WORKERS_QUEUE`): its settings, and once it is ready, the
-        last structure nobody has taken, then the next when it is done with that, until the queue is empty or the
-        worker ends."""
+        last structure nobody has taken, then the next when it is done with that, until the queue is empty (with
+        :attr:`keep_workers`, until :meth:`_stop_workers`: it waits for more) or the worker ends."""
         def said(word: str) -> bool:  # whether the worker said it (False: it ended first)
             while line := proc.stdout.readline():  # other lines: what a library printed
                 if line.strip() == word.encode():
@@ -734,15 +777,17 @@ class RegionCompiler:
             if not said(WORKER_READY):
                 return
             while True:
-                with self._one_at_a_time_queue:
-                    key = self._queue.pop() if self._queue else None
+                with self._more:
+                    while self.keep_workers and not self._queue and not self._ending:
+                        self._more.wait()
+                    key = self._queue.pop() if self._queue and not self._ending else None
                     if key is None:
                         break
                     self._inflight[key] = proc
                 self._given.add(key)
                 self._worker_of[key] = proc
                 try:
-                    proc.stdin.write(items[key])
+                    proc.stdin.write(self._items[key])
                     proc.stdin.flush()
                     done = said(key)
                 finally:
@@ -760,6 +805,9 @@ class RegionCompiler:
     def _stop_workers(self) -> None:
         """End the workers (what they have not stored by now was compiled here), and those started early that got
         no share, and remove what a worker ended in the middle of a write left behind."""
+        with self._more:  # those waiting for more (:attr:`keep_workers`): none comes
+            self._ending = True
+            self._more.notify_all()
         unused, self._spawned = self._spawned, []
         for proc, errors in unused:
             proc.kill()
@@ -791,6 +839,11 @@ class RegionCompiler:
             said = [t for t in text.splitlines() if t.startswith("region ")]
             report = _worker_report(text)
             busy += report.get(WORKER_COMPILED, 0.0)
+            for line in text.splitlines():  # each structure it stored: its seconds, and when it was done
+                word, *values = line.split()
+                with contextlib.suppress(ValueError, IndexError):
+                    if word == WORKER_COMPILED:
+                        self._mark(f"worker {proc.pid} compiled in {float(values[0]):.2f} s", float(values[1]))
             for word, seconds in since.items():
                 if word in report and proc in self._spawned_at:
                     seconds.append(report[word] - self._spawned_at[proc])
@@ -802,6 +855,8 @@ class RegionCompiler:
                 with contextlib.suppress(OSError):
                     torn.unlink()
         self._lap("workers", self._workers_since)
+        self._mark("workers ended")
+        self.timeline.sort()
         # the slowest worker's start (to torch imported, and to its share in hand), the seconds all compiled
         for word, seconds in since.items():
             if seconds:
@@ -888,12 +943,16 @@ class RegionCompiler:
         if START_WORKERS_EARLY and self.jobs > 1 and self.folder is not None and len(unknown) >= WORKERS_FROM \
                 and not self._workers and not self._spawned:
             self._spawn_workers(min(self.jobs, len(unknown)), _device_of(regions))
+        self._mark(f"{len(regions)} regions keyed, {len(unknown)} structures not stored")
         traced = {name: self._pretraced[name] if name in self._pretraced else self._trace(name, region, inputs,
                                                                                           keyed[name])
                   for name, region, inputs, _ in regions}
+        self._mark("traced")
         todo = {t.key: (t.graph, t.values) for t in traced.values()
                 if t is not None and t.graph is not None and self._worth_a_worker(t.key, t.graph)}
-        if self.jobs > 1 and len(todo) >= WORKERS_FROM and not self._workers:
+        if todo and self._kept():  # workers kept from an earlier call: they take from the queue
+            self._enqueue(todo)
+        elif self.jobs > 1 and len(todo) >= WORKERS_FROM and not self._workers:
             # here first, one at a time: with Inductor's caches warm a structure compiles here in a fraction of a
             # second, less than a worker takes to start; once they take seconds, workers compile the rest
             seconds: list[float] = []
@@ -927,7 +986,13 @@ class RegionCompiler:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-            self._stop_workers()
+            if not self._kept():
+                self._stop_workers()
+
+    def _kept(self) -> bool:
+        """Whether workers fed from the queue are kept (:attr:`keep_workers`) and alive to take more structures."""
+        return self.keep_workers and self._queue is not None and not self._ending and any(
+            p.poll() is None for p, _ in self._workers)
 
     def _ready(self, traced: _Traced | None) -> bool:
         """Whether the region's code is there without compiling: stored, built earlier in this build, or none
@@ -1253,7 +1318,8 @@ def _worker() -> None:
                           for s in specs]
                 artifact = _standalone_compile(graph, values, combo, layout)
                 artifact.save(path=path, format="binary")
-                print(f"{WORKER_COMPILED} {time.perf_counter() - clock:.3f}", file=sys.stderr, flush=True)
+                print(f"{WORKER_COMPILED} {time.perf_counter() - clock:.3f} {time.time():.3f}", file=sys.stderr,
+                      flush=True)
         except Exception as err:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
         print(key, flush=True)  # done with it, stored or not
@@ -1275,8 +1341,8 @@ def _worker_report(text: str) -> dict[str, float]:
     for line in text.splitlines():
         word, _, value = line.partition(" ")
         if word in (WORKER_STARTED, WORKER_READY, WORKER_COMPILED):
-            with contextlib.suppress(ValueError):
-                said[word] = float(value) + (said.get(word, 0.0) if word == WORKER_COMPILED else 0.0)
+            with contextlib.suppress(ValueError):  # compiled: its seconds, then when (left out here)
+                said[word] = float(value.split(" ")[0]) + (said.get(word, 0.0) if word == WORKER_COMPILED else 0.0)
     return said
 
 
@@ -1336,28 +1402,55 @@ def _compile_for_handed_strides(split: Any, inputs: Sequence[Any], built: dict[s
     the strides its code expects (:class:`RegionCall`). ``built`` (name -> (callable, why)) is updated in place,
     each region compiled again by ``compiler(name)``;
     returns the names of the regions compiled again. A later build finds their code through their quick keys,
-    which hold the strides handed."""
+    which hold the strides handed.
+
+    Up to :data:`STRIDE_PASSES` times, one run finds every region handed other strides (each still runs its
+    code, which copies its inputs) and they compile together (:meth:`RegionCompiler.compile_all`: workers still
+    there take their share); a region compiled again may hand others strides of its own, so a last run compiles
+    again, one at a time, each region that still differs when its turn comes."""
+    again: list[str] = []
+    for _ in range(STRIDE_PASSES):
+        handed = _handed_strides(split, inputs, built)
+        if not handed:
+            return again
+        for each in {id(compiler(name)): compiler(name) for name in handed}.values():
+            names = [name for name in handed if compiler(name) is each]
+            built.update(each.compile_all([(name, split.get_submodule(name), handed[name], produced[name])
+                                           for name in names]))
+        again += [name for name in handed if name not in again]
+    again += [name for name in _handed_strides(split, inputs, built, compiler, produced) if name not in again]
+    if again:
+        log.info("%d regions compiled again for the strides their compiled producers hand them: %s", len(again),
+                 ", ".join(again))
+    return again
+
+
+def _handed_strides(split: Any, inputs: Sequence[Any], built: dict[str, tuple[Any, str | None]],
+                    compiler: Callable[[str], RegionCompiler] | None = None,
+                    produced: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """Run the split graph once with its compiled regions (``built``), in order: region name -> the inputs it was
+    handed, for each region whose code was compiled for other strides. With ``compiler``, each such region is
+    compiled again (``compiler(name)``, on ``produced[name]`` as its outputs) before it runs, ``built`` updated."""
     import torch
     from torch.fx.interpreter import Interpreter
 
-    again: list[str] = []
+    handed: dict[str, list[Any]] = {}
 
     class Compiled(Interpreter):
         def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
             call = built[target][0] if target in built else self.fetch_attr(target)
             if isinstance(call, RegionCall) and not kwargs and call.differs(args):
-                region = split.get_submodule(target)
-                built[target] = compiler(target).compile_all([(target, region, list(args), produced[target])])[target]
-                call = built[target][0]
-                again.append(target)
+                handed[target] = list(args)
+                if compiler is not None:
+                    region = split.get_submodule(target)
+                    built[target] = compiler(target).compile_all([(target, region, list(args),
+                                                                   produced[target])])[target]
+                    call = built[target][0]
             return call(*args, **kwargs)
 
     with torch.no_grad():
         Compiled(split).run(*inputs)
-    if again:
-        log.info("%d regions compiled again for the strides their compiled producers hand them: %s", len(again),
-                 ", ".join(again))
-    return again
+    return handed
 
 
 class FusedBackend(TorchBackend):
@@ -1548,9 +1641,12 @@ class FusedBackend(TorchBackend):
                     if name in seen]
         saved_combo = set() if isinstance(combo, bool) else {f"submod_{int(r)}" for r in combo}
         long = [c for c in children if len(cut_ops[_region_index(c[0])]) >= COMBO_FROM] if combo is True else []
+        # the workers of the first compiles stay for the regions compiled again for the strides handed
+        compiler.keep_workers = KEEP_WORKERS
         try:
             built = self._compile(children, long, saved_combo, compiler, combo_compiler, split, inputs, produced)
         finally:
+            compiler._stop_workers()
             combo_compiler._stop_workers()
         self._calls = {name: call for name, (call, _) in built.items() if isinstance(call, RegionCall)}
         for name, (compiled[name], why) in built.items():
@@ -1560,6 +1656,9 @@ class FusedBackend(TorchBackend):
         self.compile_s = time.perf_counter() - start
         self.built = compiler.counts | {f"combo_{k}": v for k, v in combo_compiler.counts.items()}
         self.compile_seconds = compiler.seconds | {f"combo_{k}": v for k, v in combo_compiler.seconds.items()}
+        compiler._mark("regions built")
+        #: what happened while the regions compiled, in order: (seconds since they began, what), the workers' too
+        self.compile_timeline = compiler.timeline
         log.info("regions: %s in %.1f s", ", ".join(f"{v} {k}" for k, v in sorted(self.built.items())), self.compile_s)
         super().__init__(split, inputs, trace="graph")
         flops = self._region_flops(gm, inputs, cut_ops)
@@ -1597,6 +1696,7 @@ class FusedBackend(TorchBackend):
             built |= compiler.compile_all(again)
             saved_combo -= {c[0] for c in again}
         self.combo_regions = sorted(_region_index(name) for name in saved_combo)
+        compiler._mark("compiling again for the strides handed")
         self.recompiled = _compile_for_handed_strides(
             split, inputs, built, lambda name: combo_compiler if name in saved_combo else compiler, produced)
         # (default code, combo-kernel code) of each long region, for the caller to time (combo=True)
