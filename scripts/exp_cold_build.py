@@ -1,20 +1,27 @@
 """A first build of a model's fused regions from empty caches, with the region compile workers started early or
-after this process's first compiles.
+after this process's first compiles, fed from a queue or in shares, and with the regions handed other strides
+compiled again together or one by one.
 
 A cold ``capturer(kernels="fused")`` compiles every region structure: this process compiles from the first, and
 once its first compiles turn slow (Inductor's caches cold), worker processes compile the rest from the last
 (``opbench.runtime.fused.RegionCompiler``). A worker takes seconds to start (an import of torch and Inductor, a
 CUDA context), so since ``START_WORKERS_EARLY`` they start as soon as the regions' quick keys show enough
 structures that the store lacks, while this process traces the regions to ATen and compiles its first ones.
+Since ``WORKERS_QUEUE`` each ready worker takes the next structure nobody has taken, and the workers stay for the
+regions compiled again for the strides their compiled producers hand them, which one run of the graph finds
+together (``STRIDE_PASSES``).
 
 Each build is a new process with empty Inductor, Triton and OpBench caches of its own, as
 ``scripts/bench_fused.py --cold-caches`` builds: a cold ``torch.compile(mode="reduce-overhead")`` of the model
 first (three calls), then the ``FusedBackend`` the capturer compiles (combo-kernel code of long regions too),
 each timed. The variants (``--variants``) take turns, ``--reps`` builds each: ``as shipped``, ``workers after
 the first compiles`` (``START_WORKERS_EARLY`` off), ``4 workers of 3 compile threads`` (``WORKER_THREADS``;
-``$OPBENCH_COMPILE_JOBS``) and ``workers from a queue`` (``WORKERS_QUEUE``). ``OUT/exp_cold_build.json`` has
-every build (seconds, how the regions were built, where the seconds went, how busy the host's cores were
-meanwhile: ``fused_host_busy``) and the medians, written after every build.
+``$OPBENCH_COMPILE_JOBS``), ``workers in shares`` (``WORKERS_QUEUE`` off: each worker every ``jobs``-th
+structure, all at once) and ``strides one by one`` (``STRIDE_PASSES`` 0 and ``KEEP_WORKERS`` off: the workers end
+after the first compiles, and each region handed other strides is compiled again here when the run of the graph
+gets to it). ``OUT/exp_cold_build.json`` has every build
+(seconds, how the regions were built, where the seconds went, how busy the host's cores were meanwhile, and what
+happened when: ``fused_host_busy``) and the medians, written after every build.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 scripts/exp_cold_build.py --out out \
         --models shufflenet_v2_x1_0 --batch 8 --dtype bfloat16 --reps 3
@@ -32,10 +39,11 @@ from _cli import in_child, variant_main, variant_medians
 from bench_fused import stem
 
 #: the builds' variants: as shipped, with the workers started only once this process's compiles turn slow, and
-#: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each), and
-#: with the structures handed out from a queue, one at a time, instead of in shares
-VARIANTS = ("as shipped", "workers after the first compiles", "4 workers of 3 compile threads",
-            "workers from a queue")
+#: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each),
+#: with the structures handed out in shares, all at once, instead of from a queue, and with the regions handed other
+#: strides compiled again one by one, here
+VARIANTS = ("as shipped", "strides one by one", "workers after the first compiles", "4 workers of 3 compile threads",
+            "workers in shares")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -45,7 +53,10 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
     from opbench.runtime import fused
 
     fused.START_WORKERS_EARLY = variant != "workers after the first compiles"
-    fused.WORKERS_QUEUE = variant == "workers from a queue"
+    if variant == "workers in shares":
+        fused.WORKERS_QUEUE = False
+    if variant == "strides one by one":
+        fused.STRIDE_PASSES, fused.KEEP_WORKERS = 0, False
     if variant == "4 workers of 3 compile threads":
         os.environ["OPBENCH_COMPILE_JOBS"] = "4"
         fused.WORKER_THREADS = 3
@@ -57,7 +68,8 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
 
 def _host_busy(fn: Any, busy: dict[str, float]) -> Any:
     """``fn``, noting in ``busy`` how busy the host's cores were while it ran: ``share``, the cores' busy seconds
-    (every process's, from ``psutil``) over all their seconds, busy or idle, with ``cores`` and ``wall_s``."""
+    (every process's, from ``psutil``) over all their seconds, busy or idle, with ``cores`` and ``wall_s``; and
+    ``timeline``, what happened while the regions compiled (``FusedBackend.compile_timeline``)."""
     import time
 
     import psutil
@@ -71,7 +83,7 @@ def _host_busy(fn: Any, busy: dict[str, float]) -> Any:
             idle = sum(getattr(after, f) - getattr(before, f) for f in ("idle", "iowait") if hasattr(after, f))
             total = sum(after) - sum(before)
             busy.update(share=(total - idle) / total if total > 0 else 0.0, cores=psutil.cpu_count(),
-                        wall_s=wall)
+                        wall_s=wall, timeline=getattr(args[0], "compile_timeline", []))
     return wrapper
 
 
