@@ -1015,6 +1015,9 @@ def test_regions_handed_padded_strides_by_their_producer_compile_for_them_or_cop
 
     if not compile_again:
         monkeypatch.setattr(fused, "_compile_for_handed_strides", lambda *args: [])
+    calls, compile_all = [], fused.RegionCompiler.compile_all
+    monkeypatch.setattr(fused.RegionCompiler, "compile_all",
+                        lambda self, regions: calls.append(sorted(r[0] for r in regions)) or compile_all(self, regions))
     torch.manual_seed(0)
     model, x = ChannelSplit().eval(), torch.randn(4, 8, 7, 7)
     with torch._inductor.config.patch(disable_padding_cpu=False):  # contiguous in eager, padded by Inductor
@@ -1024,6 +1027,8 @@ def test_regions_handed_padded_strides_by_their_producer_compile_for_them_or_cop
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     if compile_again:
         assert backend.recompiled and not backend.restrided
+        # both halves' consumers, found in one run of the graph, compiled again together
+        assert len(backend.recompiled) == 2 and sorted(backend.recompiled) in calls[1:], calls
     else:
         assert not backend.recompiled and backend.restrided
 
