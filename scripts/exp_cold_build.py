@@ -17,9 +17,10 @@ first (three calls), then the ``FusedBackend`` the capturer compiles (combo-kern
 each timed. The variants (``--variants``) take turns, ``--reps`` builds each: ``as shipped``, ``workers after
 the first compiles`` (``START_WORKERS_EARLY`` off), ``4 workers of 3 compile threads`` (``WORKER_THREADS``;
 ``$OPBENCH_COMPILE_JOBS``), ``workers in shares`` (``WORKERS_QUEUE`` off: each worker every ``jobs``-th
-structure, all at once) and ``strides one by one`` (``STRIDE_PASSES`` 0 and ``KEEP_WORKERS`` off: the workers end
+structure, all at once), ``strides one by one`` (``STRIDE_PASSES`` 0 and ``KEEP_WORKERS`` off: the workers end
 after the first compiles, and each region handed other strides is compiled again here when the run of the graph
-gets to it). ``OUT/exp_cold_build.json`` has every build
+gets to it) and ``heaviest first`` (``WORKERS_HEAVIEST_FIRST``: the workers take the structures with the most ATen
+operators first). ``OUT/exp_cold_build.json`` has every build
 (seconds, how the regions were built, where the seconds went, how busy the host's cores were meanwhile, and what
 happened when: ``fused_host_busy``) and the medians, written after every build.
 
@@ -41,9 +42,9 @@ from bench_fused import stem
 #: the builds' variants: as shipped, with the workers started only once this process's compiles turn slow, and
 #: with four workers of three Inductor compile threads each (instead of one per two cores, of one thread each),
 #: with the structures handed out in shares, all at once, instead of from a queue, and with the regions handed other
-#: strides compiled again one by one, here
+#: strides compiled again one by one, here, and with the workers taking the heaviest structures first
 VARIANTS = ("as shipped", "strides one by one", "workers after the first compiles", "4 workers of 3 compile threads",
-            "workers in shares")
+            "workers in shares", "heaviest first")
 
 
 def build(name: str, args: Any, variant: str) -> dict[str, Any]:
@@ -55,6 +56,8 @@ def build(name: str, args: Any, variant: str) -> dict[str, Any]:
     fused.START_WORKERS_EARLY = variant != "workers after the first compiles"
     if variant == "workers in shares":
         fused.WORKERS_QUEUE = False
+    if variant == "heaviest first":
+        fused.WORKERS_HEAVIEST_FIRST = True
     if variant == "strides one by one":
         fused.STRIDE_PASSES, fused.KEEP_WORKERS = 0, False
     if variant == "4 workers of 3 compile threads":

@@ -395,6 +395,25 @@ def test_workers_kept_from_one_compile_all_take_the_structures_of_the_next_and_e
     assert started and all(p.poll() is not None for p in started)
 
 
+def test_the_workers_take_the_last_structure_first_or_the_heaviest(monkeypatch):
+    """The queue's order (the workers take from its end): the build's order, or with ``WORKERS_HEAVIEST_FIRST``
+    the structure of the most ATen operators at the end, ties in the build's order."""
+    from opbench.runtime import fused
+
+    def graph(ops):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        for _ in range(ops):
+            x = g.call_function(torch.ops.aten.relu.default, (x,))
+        g.output(x)
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    todo = {key: (graph(ops), []) for key, ops in (("a", 3), ("b", 9), ("c", 1), ("d", 3))}
+    assert fused._worker_order(list(todo), todo) == ["a", "b", "c", "d"]
+    monkeypatch.setattr(fused, "WORKERS_HEAVIEST_FIRST", True)
+    assert fused._worker_order(list(todo), todo) == ["c", "a", "d", "b"]
+
+
 def test_a_workers_report_of_its_time_leaves_out_other_lines_and_lines_cut_short():
     from opbench.runtime.fused import _worker_report
 

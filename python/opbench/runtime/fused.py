@@ -125,6 +125,11 @@ WORKER_STARTED, WORKER_READY, WORKER_COMPILED = "started", "ready", "compiled"
 #: how the structures are handed to the workers (:meth:`RegionCompiler._start_workers`): False, in shares, all at
 #: once; True, from a queue, one at a time to whichever worker is free, this process taking from its front
 WORKERS_QUEUE = True
+#: whether the workers take the structures from the queue heaviest first (most ATen operators; a long compile
+#: started last sets the build's end: shufflenet_v2_x1_0's two longest took 5.6 and 6.4 s in a worker, and this
+#: process waited for them), instead of from the last in build order; this process still builds in order, taking
+#: what no worker has taken. Off until measured (``scripts/exp_cold_build.py``)
+WORKERS_HEAVIEST_FIRST = False
 #: Inductor's compile threads in each worker started once this process's first compiles turned slow (the pieces of
 #: a heavy region, started at once, get their share of the cores instead)
 WORKER_THREADS = 1
@@ -694,7 +699,7 @@ class RegionCompiler:
         items = self._pickled(todo)
         count = min(self.jobs, len(todo))
         if WORKERS_QUEUE:
-            self._queue = collections.deque(key for key in todo if key in items)  # workers take from its end
+            self._queue = collections.deque(_worker_order([key for key in todo if key in items], todo))
             self._ending = False
             shares: list[list[str]] = [[] for _ in range(count)]
         else:
@@ -742,7 +747,7 @@ class RegionCompiler:
         (:attr:`keep_workers`), in build order: they take from the end, this process from the front."""
         items = self._pickled(todo)
         with self._more:
-            self._queue.extend(key for key in todo if key in items and key not in self._queue)
+            self._queue.extend(_worker_order([k for k in todo if k in items and k not in self._queue], todo))
             self._more.notify_all()
         self._mark(f"{len(items)} structures queued for the workers kept")
 
@@ -1323,6 +1328,15 @@ def _worker() -> None:
         except Exception as err:
             print(f"region {key}: {type(err).__name__}: {first_line(err)[:200]}", file=sys.stderr, flush=True)
         print(key, flush=True)  # done with it, stored or not
+
+
+def _worker_order(keys: list[str], todo: dict[str, tuple[Any, list[Any]]]) -> list[str]:
+    """``keys`` (structures of ``todo``, key -> (ATen graph, values), in build order) in the queue's order: the
+    workers take from its end, so the last of the build first, or with :data:`WORKERS_HEAVIEST_FIRST` the one with
+    the most ATen operators first (ties: the later in the build first)."""
+    if not WORKERS_HEAVIEST_FIRST:
+        return keys
+    return sorted(keys, key=lambda k: sum(n.op == "call_function" for n in todo[k][0].graph.nodes))
 
 
 def _write_all(proc: Any, payload: bytes) -> None:
