@@ -420,6 +420,11 @@ def test_a_workers_report_of_its_time_leaves_out_other_lines_and_lines_cut_short
     text = "started 100.5\nsome warning\nready 102.0\ncompiled 1.5\nregion k: Error: x\ncompiled 2.25\ncompiled 3."
     assert _worker_report(text) == {"started": 100.5, "ready": 102.0, "compiled": 6.75}
     assert _worker_report("compiled\nready x\n") == {}
+    # with the time each compile ended: those that say it, in order; a blank line is no line
+    compiles = []
+    text = "started 100.5\n\ncompiled 1.5 103.5\ncompiled 2.25\ncompiled 0.5 104.25\ncompiled 1 x"
+    assert _worker_report(text, compiles) == {"started": 100.5, "compiled": 5.25}
+    assert compiles == [(1.5, 103.5), (0.5, 104.25)]
 
 
 @pytest.mark.parametrize("ahead", [True, False])

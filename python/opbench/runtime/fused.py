@@ -842,13 +842,11 @@ class RegionCompiler:
             errors.seek(0)
             text = errors.read().decode(errors="replace")
             said = [t for t in text.splitlines() if t.startswith("region ")]
-            report = _worker_report(text)
+            compiles: list[tuple[float, float]] = []  # each structure it stored: its seconds, when it was done
+            report = _worker_report(text, compiles)
             busy += report.get(WORKER_COMPILED, 0.0)
-            for line in text.splitlines():  # each structure it stored: its seconds, and when it was done
-                word, *values = line.split()
-                with contextlib.suppress(ValueError, IndexError):
-                    if word == WORKER_COMPILED:
-                        self._mark(f"worker {proc.pid} compiled in {float(values[0]):.2f} s", float(values[1]))
+            for seconds_taken, done in compiles:
+                self._mark(f"worker {proc.pid} compiled in {seconds_taken:.2f} s", done)
             for word, seconds in since.items():
                 if word in report and proc in self._spawned_at:
                     seconds.append(report[word] - self._spawned_at[proc])
@@ -1347,16 +1345,20 @@ def _write_all(proc: Any, payload: bytes) -> None:
         proc.stdin.close()
 
 
-def _worker_report(text: str) -> dict[str, float]:
+def _worker_report(text: str, compiles: list[tuple[float, float]] | None = None) -> dict[str, float]:
     """What a worker's standard error (:func:`_worker`) says of its time: when it had imported torch and Inductor
     (:data:`WORKER_STARTED`) and when it had its share (:data:`WORKER_READY`), epoch seconds, and the seconds it
-    spent compiling what it stored (:data:`WORKER_COMPILED`, summed); a line cut short is left out."""
+    spent compiling what it stored (:data:`WORKER_COMPILED`, summed); a line cut short is left out. ``compiles``
+    gets each compile's (seconds, when it ended, epoch seconds), of the lines that say when."""
     said: dict[str, float] = {}
     for line in text.splitlines():
         word, _, value = line.partition(" ")
         if word in (WORKER_STARTED, WORKER_READY, WORKER_COMPILED):
-            with contextlib.suppress(ValueError):  # compiled: its seconds, then when (left out here)
-                said[word] = float(value.split(" ")[0]) + (said.get(word, 0.0) if word == WORKER_COMPILED else 0.0)
+            first, _, when = value.partition(" ")  # compiled: its seconds, then when
+            with contextlib.suppress(ValueError):
+                said[word] = float(first) + (said.get(word, 0.0) if word == WORKER_COMPILED else 0.0)
+                if word == WORKER_COMPILED and compiles is not None and when:
+                    compiles.append((float(first), float(when)))
     return said
 
 
@@ -1427,8 +1429,10 @@ def _compile_for_handed_strides(split: Any, inputs: Sequence[Any], built: dict[s
         handed = _handed_strides(split, inputs, built)
         if not handed:
             return again
-        for each in {id(compiler(name)): compiler(name) for name in handed}.values():
-            names = [name for name in handed if compiler(name) is each]
+        groups: dict[RegionCompiler, list[str]] = {}  # each compiler's regions, in build order
+        for name in handed:
+            groups.setdefault(compiler(name), []).append(name)
+        for each, names in groups.items():
             built.update(each.compile_all([(name, split.get_submodule(name), handed[name], produced[name])
                                            for name in names]))
         again += [name for name in handed if name not in again]
