@@ -41,6 +41,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_slow)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory):
+    """What OpBench caches (compiled regions, kept choices, features) goes to a directory of this test session's
+    own, unless ``$OPBENCH_CACHE`` says where: no test reads what another session left in ``~/.cache/opbench``, and
+    none writes there."""
+    if os.environ.get("OPBENCH_CACHE"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPBENCH_CACHE", str(tmp_path_factory.mktemp("opbench_cache")))
+        yield
+
+
 @pytest.fixture
 def llvm_target():
     from opbench.runtime import resolve_target

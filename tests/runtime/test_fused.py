@@ -811,6 +811,7 @@ def test_the_pytorch_layout_compiles_without_layout_optimization_under_keys_of_i
         return standalone(*args, **kwargs)
 
     monkeypatch.setattr(torch._inductor, "standalone_compile", recording)
+    monkeypatch.setenv("OPBENCH_CACHE", str(tmp_path))  # torch_backend below builds from the default store: this one
     store = tmp_path / "regions"
     plain = fused.FusedBackend(model, [x], store=store, layout="pytorch")
     n = plain.built["compiled"]
