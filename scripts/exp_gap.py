@@ -3,7 +3,8 @@
 For each model and precision (``default``: PyTorch's own settings, TF32 in cuDNN convolutions;
 ``fp32``: TF32 off), on the ATen operators of ``torch.export`` (with ``--backend tvm``, on
 TVM's default kernels; with ``--backend fused``, on the regions ``capturer(kernels="fused")`` compiles
-with Inductor, its operators being those regions):
+with Inductor, its operators being those regions), in ``--dtype`` (the model and its input cast to it; TVM's
+kernels in float32 only):
 
 1. every operator timed alone; the critical path (the longest chain by those times) timed alone;
 2. the schedules of greedy (2, 3, 4 and 8 streams), nimble, opara and ios, side by side;
@@ -31,6 +32,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+DTYPES = ("float32", "float16", "bfloat16")  # as opbench.models.DTYPES, without importing torch for --help
 
 
 class Partial:
@@ -187,11 +190,15 @@ def main() -> None:
                         help="torch: ATen kernels (per precision); tvm: TVM's default kernels (fp32); fused: the "
                              "regions capturer(kernels='fused') compiles with Inductor (per precision; merges none "
                              "and all)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the model's and its input's dtype (torch and fused backends; tvm: float32 only)")
     parser.add_argument("--name", default="exp_gap.json", help="file name of the JSON under --out")
     args = parser.parse_args()
+    if args.backend == "tvm" and args.dtype != "float32":
+        parser.error(f"--dtype {args.dtype} with --backend tvm (accepted there: float32)")
     import torch
 
-    from opbench.models import load_workload
+    from opbench.models import get_source, load_workload
     from opbench.pipeline.compile import torch_backend, tvm_backend
     from opbench.runtime import resolve_target
     from opbench.runtime.fused import FusedBackend
@@ -205,14 +212,15 @@ def main() -> None:
         torch.backends.cudnn.allow_tf32 = precision == "default"
         torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default for matmuls
         for name in args.models.split(","):
-            w = load_workload("local", name, 1)
             if args.backend == "tvm":
+                w = load_workload("local", name, 1)
+
                 def build(merge: str, w: Any = w) -> Any:
                     return tvm_backend(w, resolve_target("cuda"), merge=merge, repeat=args.repeat,
                                        number=args.number)
             else:
-                model = w.torch_module.cuda().eval()
-                x = torch.from_numpy(w.example_inputs()[0]).cuda()
+                model, x = get_source("local").torch_model(name, 1, dtype=args.dtype)
+                model, x = model.cuda().eval(), x.cuda()
 
                 def build(merge: str, model: Any = model, x: Any = x) -> Any:
                     if args.backend == "fused":
@@ -220,7 +228,8 @@ def main() -> None:
                     return torch_backend(model, [x], merge=merge, trace="export", repeat=args.repeat,
                                          number=args.number)
             with torch.no_grad():
-                results.append(analyse(name, build, precision, args.repeat, args.number, merges))
+                results.append({**analyse(name, build, precision, args.repeat, args.number, merges),
+                                "dtype": args.dtype})
             (out_dir / args.name).write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                               "torch": torch.__version__, "results": results},
                                                              indent=1))
