@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-DTYPES = ("float32", "float16", "bfloat16")  # as opbench.models.DTYPES, without importing torch for --help
+from opbench.models.base import DTYPES
 
 
 class Partial:

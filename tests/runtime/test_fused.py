@@ -134,7 +134,7 @@ def _after_the_workers(artifact_here):
     code."""
     def after_the_workers(self, graph, values, key):
         for _ in range(1200):
-            queued = self._queue is not None and key in self._queue and any(p.poll() is None for p, _ in self._workers)
+            queued = self._queue is not None and key in self._queue and self._alive_worker() is not None
             if not queued and (key not in self._given or self._path(key).is_file()):
                 break
             time.sleep(0.1)

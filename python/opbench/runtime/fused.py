@@ -760,12 +760,16 @@ class RegionCompiler:
             if key in self._inflight:
                 return self._inflight[key]
             if self._waits and key in self._queue:
-                alive = next((proc for proc, _ in self._workers if proc.poll() is None), None)
+                alive = self._alive_worker()
                 if alive is not None:
                     return alive
             with contextlib.suppress(ValueError):
                 self._queue.remove(key)
             return None
+
+    def _alive_worker(self) -> Any | None:
+        """A worker process still running, or None."""
+        return next((proc for proc, _ in self._workers if proc.poll() is None), None)
 
     def _dispatch(self, proc: Any, header: bytes) -> None:
         """Feed worker ``proc`` from the queue (:data:`WORKERS_QUEUE`): its settings, and once it is ready, the
@@ -833,7 +837,7 @@ class RegionCompiler:
             proc.wait()
         for thread in self._feeds:  # their writes to the ended workers fail at once
             thread.join()
-        self._feeds, self._inflight = [], {}
+        self._feeds, self._inflight, self._items = [], {}, {}  # a later start hands its structures anew
         for proc, _ in self._workers:
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -995,8 +999,7 @@ class RegionCompiler:
 
     def _kept(self) -> bool:
         """Whether workers fed from the queue are kept (:attr:`keep_workers`) and alive to take more structures."""
-        return self.keep_workers and self._queue is not None and not self._ending and any(
-            p.poll() is None for p, _ in self._workers)
+        return self.keep_workers and self._queue is not None and not self._ending and self._alive_worker() is not None
 
     def _ready(self, traced: _Traced | None) -> bool:
         """Whether the region's code is there without compiling: stored, built earlier in this build, or none
