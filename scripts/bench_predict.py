@@ -303,6 +303,11 @@ def pretrained(args: argparse.Namespace) -> dict:
 
     An arm may be tuned over several calls into the same ``--out`` (``--arms``, ``--tune-time``: each call
     tunes the tasks the last one did not reach); the calls so far are kept in the JSON's ``runs``."""
+    arms = set(args.arms.split(","))
+    if not arms <= {"xgb", "xgb-pretrained"} and arms != {"none"}:
+        bad_input(f"--arms {args.arms}: accepted are xgb, xgb-pretrained (comma-separated) or none")
+    if "xgb-pretrained" in arms and not args.pretrained:
+        bad_input("--arms xgb-pretrained needs --pretrained (a trials predictor trained without --tune-model)")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     trials = {"xgb": args.trials, "xgb-pretrained": args.pretrained_trials or args.trials}
     earlier = Path(args.out) / "predict_pretrained.json"
@@ -315,7 +320,7 @@ def pretrained(args: argparse.Namespace) -> dict:
     stopped = False
     for arm in ("xgb", "xgb-pretrained"):
         data = Path(args.out) / f"tune_{arm}.sqlite"
-        if arm not in args.arms.split(","):  # tuned by an earlier call into the same folder, or not at all
+        if arm not in arms:  # tuned by an earlier call into the same folder, or not at all
             if data.exists():
                 _curves(data, arm, curves)
             elif arm == "xgb" and args.plain_from:
@@ -347,8 +352,16 @@ def pretrained(args: argparse.Namespace) -> dict:
             break
     for arm in ("xgb", "xgb-pretrained"):  # how many trials went to programs the cost model saw before
         data = Path(args.out) / f"tune_{arm}.sqlite"
+        if stopped:  # a time limit's second signal would find the features half done: the curves come first
+            out["distinct_feature_sets_skipped"] = "interrupted: --arms none into the same --out counts them"
+            break
         if data.exists():
-            out.setdefault("distinct_feature_sets", {})[arm] = _distinct_feature_sets(data.with_suffix(".tuning"), data)
+            try:
+                sets = _distinct_feature_sets(data.with_suffix(".tuning"), data)
+            except KeyboardInterrupt:
+                stopped = True
+                continue
+            out.setdefault("distinct_feature_sets", {})[arm] = sets
     tasks = {}
     for task, c in curves.items():
         plain, pre = c.get("xgb") or [], c.get("xgb-pretrained") or []
@@ -562,7 +575,8 @@ def main() -> int:
                              "(same model, dtype, target and --trials) when --out holds no tune_xgb.sqlite")
     parser.add_argument("--arms", default="xgb,xgb-pretrained",
                         help="--part pretrained: the arms to tune now (an arm not named is read from --out's "
-                             "tune_ARM.sqlite if an earlier call tuned it there)")
+                             "tune_ARM.sqlite if an earlier call tuned it there; 'none' tunes nothing and "
+                             "writes the JSON from what --out holds)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dataset", default=str(DATASET))
     parser.add_argument("--half-dataset", default=str(ROOT / "data" / "dataset" / "h100_half.sqlite.gz"),
