@@ -350,18 +350,18 @@ def pretrained(args: argparse.Namespace) -> dict:
         _curves(data, arm, curves)
         if stopped:
             break
-    for arm in ("xgb", "xgb-pretrained"):  # how many trials went to programs the cost model saw before
-        data = Path(args.out) / f"tune_{arm}.sqlite"
-        if stopped:  # a time limit's second signal would find the features half done: the curves come first
-            out["distinct_feature_sets_skipped"] = "interrupted: --arms none into the same --out counts them"
-            break
-        if data.exists():
-            try:
-                sets = _distinct_feature_sets(data.with_suffix(".tuning"), data)
-            except KeyboardInterrupt:
-                stopped = True
-                continue
-            out.setdefault("distinct_feature_sets", {})[arm] = sets
+    # how many trials went to programs the cost model saw before; once a time limit stopped the call, the curves
+    # come first (a second signal would find the features half done)
+    try:
+        for arm in () if stopped else ("xgb", "xgb-pretrained"):
+            data = Path(args.out) / f"tune_{arm}.sqlite"
+            if data.exists():
+                out.setdefault("distinct_feature_sets", {})[arm] = _distinct_feature_sets(data.with_suffix(".tuning"),
+                                                                                         data)
+    except KeyboardInterrupt:
+        stopped = True
+    if stopped:
+        out["distinct_feature_sets_skipped"] = "interrupted: --arms none into the same --out counts them"
     tasks = {}
     for task, c in curves.items():
         plain, pre = c.get("xgb") or [], c.get("xgb-pretrained") or []
